@@ -1,0 +1,247 @@
+"""Fixed-size segment files named by the 20-digit offset of their first byte.
+
+`Segment` is one file; `SegmentedFile` is the ordered list of them (RocketMQ's
+MappedFileQueue): append at the end, roll when full, read anywhere, flush,
+truncate (durably), delete from the head. What a record looks like, and how the
+end of a file is padded, belongs to the log built on top (commitlog, DLedger
+data, consume queue), not here.
+
+Files are created at full size (sparse) like RocketMQ's mapped files, so the end
+of the data in the last file is found by the owner's recovery scan, and a
+truncation zeroes the bytes it removes before it returns.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass
+
+from node.store.errors import StoreFatal
+from node.store.fileio import FileHandle, FileSystem
+
+NAME_DIGITS = 20
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def segment_name(base: int) -> str:
+    return f"{base:0{NAME_DIGITS}d}"
+
+
+class Segment:
+    """One fixed-size file: [base, base + capacity)."""
+
+    __slots__ = ("base", "capacity", "path", "handle", "write_pos")
+
+    def __init__(self, base: int, capacity: int, path: str, handle: FileHandle):
+        self.base = base
+        self.capacity = capacity
+        self.path = path
+        self.handle = handle
+        self.write_pos = 0      # bytes of data from the start of this file
+
+    @property
+    def end(self) -> int:
+        return self.base + self.write_pos
+
+    @property
+    def remaining(self) -> int:
+        return self.capacity - self.write_pos
+
+    def append(self, data: bytes | memoryview) -> int:
+        """Write at the end; return the absolute offset written at."""
+        assert len(data) <= self.remaining, "caller must roll before a write that does not fit"
+        at = self.base + self.write_pos
+        self.handle.pwrite(data, self.write_pos)
+        self.write_pos += len(data)
+        return at
+
+    def read(self, offset: int, size: int) -> bytes:
+        rel = offset - self.base
+        assert 0 <= rel <= self.capacity
+        return self.handle.pread(min(size, self.capacity - rel), rel)
+
+
+@dataclass
+class TruncateReport:
+    offset: int            # new end
+    zeroed_bytes: int      # bytes cleared in the file that now holds the end
+    removed_files: list[str]
+
+
+class SegmentedFile:
+    """Ordered segments in one directory, each `segment_size` bytes."""
+
+    def __init__(self, fs: FileSystem, directory: str, segment_size: int):
+        assert segment_size > 0
+        self.fs = fs
+        self.directory = directory
+        self.segment_size = segment_size
+        self.segments: list[Segment] = []
+        self._bases: list[int] = []
+        self.flushed = 0       # everything below this offset is durable
+
+    # --- opening ------------------------------------------------------------------------
+    def load(self) -> None:
+        """Open the segments on disk. Every one is taken as full until the owner sets the end."""
+        self.fs.makedirs(self.directory)
+        for name in self.fs.listdir(self.directory):
+            if len(name) != NAME_DIGITS or not name.isdigit():
+                continue  # temp files and foreign files are not ours
+            base = int(name)
+            if self.segments and base != self.segments[-1].base + self.segment_size:
+                raise StoreFatal(f"{self.directory}: segment {name} does not follow the previous one; "
+                                 f"is mappedFileSize ({self.segment_size}) the one the store was written with?")
+            path = os.path.join(self.directory, name)
+            seg = Segment(base, self.segment_size, path, self.fs.open(path))
+            seg.write_pos = self.segment_size
+            self.segments.append(seg)
+            self._bases.append(base)
+        self.flushed = self.end
+
+    def set_end(self, offset: int) -> None:
+        """After recovery: data ends at `offset`; later segments must not exist."""
+        if not self.segments:
+            return
+        assert self.segments[0].base <= offset <= self.segments[-1].base + self.segment_size
+        for seg in self.segments:
+            seg.write_pos = min(self.segment_size, max(0, offset - seg.base))
+        self.flushed = offset
+
+    # --- geometry -----------------------------------------------------------------------
+    @property
+    def start(self) -> int:
+        return self.segments[0].base if self.segments else 0
+
+    @property
+    def end(self) -> int:
+        return self.segments[-1].end if self.segments else 0
+
+    def first_file_start(self, offset: int) -> int:
+        """Base of the segment that would hold `offset`."""
+        return offset - offset % self.segment_size
+
+    def segment_for(self, offset: int) -> Segment | None:
+        i = bisect.bisect_right(self._bases, offset) - 1
+        if i < 0:
+            return None
+        seg = self.segments[i]
+        return seg if offset < seg.base + seg.capacity else None
+
+    def last(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    def ensure_writable(self, start_offset: int = 0) -> Segment:
+        """The segment to append to, creating the first one at the file holding `start_offset`."""
+        seg = self.last()
+        if seg is None:
+            return self._create(self.first_file_start(start_offset))
+        if seg.remaining == 0:
+            return self._create(seg.base + self.segment_size)
+        return seg
+
+    def roll(self) -> Segment:
+        """Start the next segment (the owner has padded the current one)."""
+        seg = self.last()
+        assert seg is not None and seg.remaining == 0
+        return self._create(seg.base + self.segment_size)
+
+    def _create(self, base: int) -> Segment:
+        self.fs.makedirs(self.directory)
+        path = os.path.join(self.directory, segment_name(base))
+        handle = self.fs.open(path)
+        handle.truncate(self.segment_size)  # sparse, full size
+        seg = Segment(base, self.segment_size, path, handle)
+        if not self.segments:
+            self.flushed = base
+        self.segments.append(seg)
+        self._bases.append(base)
+        self.fs.fsync_dir(self.directory)
+        return seg
+
+    # --- IO -----------------------------------------------------------------------------
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to `size` bytes at `offset`, never crossing a segment boundary."""
+        seg = self.segment_for(offset)
+        if seg is None:
+            return b""
+        return seg.read(offset, min(size, seg.end - offset))
+
+    def flush(self) -> int:
+        """fsync every segment holding unflushed data; return the new flushed offset.
+
+        An fsync error is fatal: after a failed fsync the kernel may have dropped
+        the dirty pages, so retrying could report durability that does not exist.
+        """
+        end = self.end
+        if self.flushed >= end:
+            return self.flushed
+        i = max(0, bisect.bisect_right(self._bases, self.flushed) - 1)
+        try:
+            for seg in self.segments[i:]:
+                seg.handle.fsync()
+        except OSError as e:
+            raise StoreFatal(f"fsync failed in {self.directory}: {e}; stopping (no retry after a failed fsync)") from e
+        self.flushed = end
+        return end
+
+    def truncate(self, offset: int) -> TruncateReport:
+        """Durably drop every byte at or past `offset` (zeroed, later files deleted)."""
+        removed: list[str] = []
+        while self.segments and self.segments[-1].base > offset:
+            seg = self.segments.pop()
+            self._bases.pop()
+            seg.handle.close()
+            self.fs.remove(seg.path)
+            removed.append(seg.path)
+        zeroed = 0
+        seg = self.last()
+        if seg is not None:
+            rel = offset - seg.base
+            # Zero up to the furthest byte that may hold data: the write position, or the
+            # whole file when the end is unknown (write_pos == capacity after load).
+            upto = seg.write_pos
+            pos = rel
+            while pos < upto:
+                n = min(len(_ZERO_CHUNK), upto - pos)
+                seg.handle.pwrite(_ZERO_CHUNK[:n], pos)
+                pos += n
+                zeroed += n
+            seg.write_pos = max(0, rel)
+            try:
+                seg.handle.fsync()
+            except OSError as e:
+                raise StoreFatal(f"fsync after truncate failed in {self.directory}: {e}") from e
+        if removed:
+            self.fs.fsync_dir(self.directory)
+        self.flushed = min(self.flushed, self.end)
+        return TruncateReport(offset, zeroed, removed)
+
+    def delete_head(self, upto_offset: int) -> list[str]:
+        """Delete whole segments that end at or before `upto_offset` (never the last one)."""
+        removed: list[str] = []
+        while len(self.segments) > 1 and self.segments[0].base + self.segment_size <= upto_offset:
+            seg = self.segments.pop(0)
+            self._bases.pop(0)
+            seg.handle.close()
+            self.fs.remove(seg.path)
+            removed.append(seg.path)
+        if removed:
+            self.fs.fsync_dir(self.directory)
+        return removed
+
+    def reset_to(self, offset: int) -> None:
+        """Drop every segment and restart empty at `offset` (follower reset below leader's first)."""
+        for seg in self.segments:
+            seg.handle.close()
+            self.fs.remove(seg.path)
+        self.segments.clear()
+        self._bases.clear()
+        self.fs.fsync_dir(self.directory)
+        seg = self._create(self.first_file_start(offset))
+        seg.write_pos = offset - seg.base
+        self.flushed = offset
+
+    def close(self) -> None:
+        for seg in self.segments:
+            seg.handle.close()

@@ -1,0 +1,8 @@
+"""Shared fixtures. Every test gets its own temporary store directory."""
+
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
