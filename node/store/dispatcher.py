@@ -1,0 +1,358 @@
+"""Dispatcher: committed log records -> consume queues, index files, system handlers.
+
+RocketMQ's ReputMessageService. It reads only *committed* records through the
+`ReplicatedLog` protocol, from `position` (a log position), in bounded batches:
+
+    wait_committed -> scan(position, batch_bytes) -> per record: CQ unit, index keys
+    -> one pwrite per CQ file touched, one pwrite of index entries -> handlers, listeners
+    -> position = batch.next_position
+    every flush_interval_ms: flush CQs, flush index, THEN save the checkpoint
+
+so the checkpoint's committed_offset never runs ahead of durable CQ/index data.
+Re-dispatching a range is harmless: CQ puts compare before they write, index
+builds skip messages below the last file's end and queries de-duplicate.
+
+Per record only the 88-byte header, the topic and the properties are parsed (no
+CRC: the log checked it on write and on recovery). A record that does not parse
+raises CorruptRecord and stops dispatch loudly; nothing is skipped silently.
+
+Tags code: String.hashCode of TAGS, except for SCHEDULE_TOPIC_XXXX whose units carry
+the delivery time (store_timestamp + delay of the DELAY level), like RocketMQ's
+CommitLog.checkMessageAndReturnSize; the delay service scans its queues by that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Sequence
+
+from node.replicated_log import ReplicatedLog, ScanBatch
+from node.store import layout as L
+from node.store.checkpoint import Checkpoint
+from node.store.consume_queue import ConsumeQueue, ConsumeQueueStore
+from node.store.errors import CorruptRecord, StoreError
+from node.store.index_file import IndexService
+from node.store.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
+                                PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, StoredMessage, decode_properties,
+                                decode_record, tags_code)
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# messageDelayLevel "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h", level 1 first.
+DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = tuple(s * 1000 for s in (
+    1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
+DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+MAX_CACHED_NAMES = 10_000       # bound on the topic and tag caches
+
+_HEADER = L.MESSAGE_HEADER
+_PROPS_LEN = L.PROPERTIES_LEN
+_CQ_UNIT = L.CQ_UNIT
+_MAGIC = L.MESSAGE_MAGIC
+_TX_MASK = L.SYSFLAG_TRANSACTION_MASK
+_TX_NO_CQ = (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
+_TX_ROLLBACK = L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE
+
+Listener = Callable[[str, int, int], None]
+SystemHandler = Callable[[StoredMessage], None]
+
+
+class _Topic:
+    """What the dispatcher needs about one topic, computed once per topic name."""
+
+    __slots__ = ("name", "is_schedule", "handler")
+
+    def __init__(self, name: str, handler: SystemHandler | None):
+        self.name = name
+        self.is_schedule = name == SCHEDULE_TOPIC
+        self.handler = handler
+
+
+class _Run:
+    """Consecutive units for one queue within a batch: written with one pwrite per file."""
+
+    __slots__ = ("cq", "first", "count", "buf")
+
+    def __init__(self, cq: ConsumeQueue, first: int, unit: bytes):
+        self.cq = cq
+        self.first = first
+        self.count = 1
+        self.buf = bytearray(unit)
+
+
+class Dispatcher:
+    def __init__(self, log_: ReplicatedLog, cq_store: ConsumeQueueStore, index_service: IndexService | None,
+                 checkpoint: Checkpoint, *, batch_bytes: int = DEFAULT_BATCH_BYTES, flush_interval_ms: int = 1000,
+                 system_handlers: dict[str, SystemHandler] | None = None,
+                 delay_levels_ms: Sequence[int] = DEFAULT_DELAY_LEVELS_MS,
+                 clock: Callable[[], float] = time.monotonic):
+        assert batch_bytes > 0
+        assert flush_interval_ms > 0
+        self.log = log_
+        self.cq_store = cq_store
+        self.index = index_service
+        self.checkpoint = checkpoint
+        self.batch_bytes = batch_bytes
+        self.flush_interval_ms = flush_interval_ms
+        self.system_handlers = dict(system_handlers or {})
+        self.delay_levels_ms = tuple(delay_levels_ms)
+        self._clock = clock
+        self.position = 0               # next log position to dispatch
+        self.flushed_position = 0       # everything before it is in fsynced CQs and index
+        self._listeners: list[Listener] = []
+        self._topics: dict[bytes, _Topic] = {}
+        self._tags: dict[str, int] = {}
+        self._queues: dict[tuple[bytes, int], ConsumeQueue] = {}
+        self._last_store_ts = 0
+        self._task: asyncio.Task | None = None
+        self.failed: BaseException | None = None
+        self.dispatched_records = 0     # metrics
+        self.handler_errors = 0
+
+    # --- observers ----------------------------------------------------------------------------
+    @property
+    def behind_bytes(self) -> int:
+        return max(0, self.log.committed_position - self.position)
+
+    def add_listener(self, cb: Listener) -> None:
+        """cb(topic, queue_id, new_max_offset) after units land (wakes long-polling pulls)."""
+        self._listeners.append(cb)
+
+    def remove_listener(self, cb: Listener) -> None:
+        self._listeners.remove(cb)
+
+    # --- startup ------------------------------------------------------------------------------
+    def startup_recover(self, log_end_physical: int) -> int:
+        """Make CQs and index agree with the recovered log; choose where dispatch starts.
+
+        Units and index entries at or past the log's end are dropped (the log's tail was
+        cut); expired CQ heads are removed; dispatch resumes at the checkpoint's
+        position, clamped into the log's retained, committed range.
+        """
+        self.cq_store.recover_all()
+        cut = self.cq_store.truncate_past_physical(log_end_physical)
+        self.cq_store.delete_expired(self.log.min_physical_offset)
+        repaired = self.index.load(log_end_physical) if self.index is not None else []
+        self.checkpoint.load()
+        lo, hi = self.log.min_position, self.log.committed_position
+        start = min(max(self.checkpoint.committed_offset, lo), hi)
+        if start != self.checkpoint.committed_offset:
+            log.warning("dispatch: checkpoint position %d is outside the log [%d, %d]; starting at %d",
+                        self.checkpoint.committed_offset, lo, hi, start)
+        self.position = self.flushed_position = start
+        log.info("dispatch: start at position %d (%d bytes behind); dropped %d CQ units past %d; "
+                 "repaired index files %s", start, hi - start, cut, log_end_physical, repaired)
+        return start
+
+    def catch_up(self) -> int:
+        """Dispatch until position reaches the committed position seen at the call, then flush.
+
+        Used at startup before the node accepts writes. Returns records dispatched.
+        """
+        target = self.log.committed_position
+        records = 0
+        while self.position < target:
+            records += self.dispatch_once()
+        self.flush()
+        return records
+
+    # --- the loop -----------------------------------------------------------------------------
+    def start(self) -> asyncio.Task:
+        assert self._task is None, "dispatcher already started"
+        self._task = asyncio.get_running_loop().create_task(self.run(), name="dispatcher")
+        return self._task
+
+    async def stop(self) -> None:
+        """Cancel the loop; it flushes and checkpoints on the way out."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+
+    async def run(self) -> None:
+        interval = self.flush_interval_ms / 1000
+        next_flush = self._clock() + interval
+        try:
+            while True:
+                if self.position >= self.log.committed_position:
+                    wait = max(0.001, min(1.0, next_flush - self._clock()))
+                    await self.log.wait_committed(self.position, wait)
+                if self.position < self.log.committed_position:
+                    self.dispatch_once()
+                if self._clock() >= next_flush:
+                    self.flush()
+                    next_flush = self._clock() + interval
+                await asyncio.sleep(0)  # let pulls and appends run between batches
+        except asyncio.CancelledError:
+            self._final_flush()
+            raise
+        except Exception as e:  # noqa: BLE001 - logged with its context, then re-raised
+            self.failed = e
+            log.error("dispatch stopped at log position %d (%d bytes behind): %s", self.position,
+                      self.behind_bytes, e)
+            raise
+
+    def _final_flush(self) -> None:
+        try:
+            self.flush()
+        except (StoreError, OSError) as e:
+            log.error("dispatch: final flush at position %d failed: %s", self.position, e)
+
+    def flush(self) -> bool:
+        """CQs, then index, then the checkpoint (it may only describe durable data)."""
+        if self.flushed_position == self.position:
+            return False
+        position = self.position
+        self.cq_store.flush_all()
+        if self.index is not None:
+            self.index.flush()
+        cp = self.checkpoint
+        cp.committed_offset = position
+        cp.logics_msg_timestamp = self._last_store_ts
+        cp.index_msg_timestamp = self._last_store_ts
+        cp.save()
+        self.flushed_position = position
+        return True
+
+    # --- one batch ----------------------------------------------------------------------------
+    def dispatch_once(self) -> int:
+        """Dispatch one bounded batch from `position`; return the records dispatched."""
+        position = self.position
+        batch = self.log.scan(position, self.batch_bytes)
+        assert batch.next_position > position or self.log.committed_position <= position, (
+            f"log.scan made no progress at {position} below committed {self.log.committed_position}")
+        try:
+            n = self._dispatch_batch(batch)
+        except CorruptRecord as e:
+            self.failed = e
+            log.error("dispatch: corrupt record in the committed log, batch at position %d: %s; "
+                      "dispatch stops here", position, e)
+            raise
+        self.position = batch.next_position
+        return n
+
+    def _dispatch_batch(self, batch: ScanBatch) -> int:
+        runs: dict[tuple[bytes, int], _Run] = {}
+        calls: list[tuple[SystemHandler, bytes, int]] = []
+        for rec in batch.records:
+            self._dispatch_record(rec.data, rec.physical_offset, runs, calls)
+        touched = [self._write_run(run) for run in runs.values()]
+        if self.index is not None:
+            self.index.write_pending()
+        for handler, data, phys in calls:
+            self._call_handler(handler, data, phys)
+        for cq in touched:
+            self._notify(cq)
+        self.dispatched_records += len(batch.records)
+        return len(batch.records)
+
+    def _dispatch_record(self, data: bytes, phys: int, runs: dict[tuple[bytes, int], _Run],
+                         calls: list[tuple[SystemHandler, bytes, int]]) -> None:
+        (total, magic, _crc, queue_id, _flag, queue_offset, phys_field, sys_flag, _bts, _bip, _bport,
+         store_ts, _sip, _sport, _rc, _ptx, body_len) = _HEADER.unpack_from(data, 0)
+        if magic != _MAGIC or total != len(data) or phys_field != phys:
+            raise CorruptRecord(phys, f"header says magic {magic:#x} size {total} offset {phys_field}; "
+                                      f"scan gave {len(data)} bytes at {phys}")
+        p = _HEADER.size + body_len
+        if body_len < 0 or p + 3 > total:
+            raise CorruptRecord(phys, f"bad body length {body_len}")
+        topic_end = p + 1 + data[p]
+        topic_b = data[p + 1:topic_end]
+        (props_len,) = _PROPS_LEN.unpack_from(data, topic_end)
+        if topic_end + 2 + props_len != total:
+            raise CorruptRecord(phys, "record size does not match its fields")
+        props = decode_properties(data[topic_end + 2:total]) if props_len else {}
+        topic = self._topics.get(topic_b) or self._topic(topic_b)
+        self._last_store_ts = store_ts
+        tx = sys_flag & _TX_MASK
+        if tx not in _TX_NO_CQ:
+            code = self._tags_code(topic, props, store_ts)
+            unit = _CQ_UNIT.pack(phys, total, code)
+            key = (topic_b, queue_id)
+            run = runs.get(key)
+            if run is not None and run.first + run.count == queue_offset:
+                run.buf += unit
+                run.count += 1
+            else:
+                if run is not None:
+                    self._write_run(run)     # out of order within a batch: write what we have
+                runs[key] = _Run(self._queue(topic, topic_b, queue_id), queue_offset, unit)
+        if self.index is not None and tx != _TX_ROLLBACK and props:
+            uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+            keys = props.get(PROPERTY_KEYS)
+            if uniq or keys:
+                self.index.build_index(topic.name, keys, uniq, phys, store_ts)
+        if topic.handler is not None:
+            calls.append((topic.handler, data, phys))
+
+    def _tags_code(self, topic: _Topic, props: dict[str, str], store_ts: int) -> int:
+        if topic.is_schedule:
+            level = props.get(PROPERTY_DELAY_TIME_LEVEL)
+            if level:
+                return self.delivery_time(level, store_ts)
+        tags = props.get(PROPERTY_TAGS)
+        if not tags:
+            return 0
+        code = self._tags.get(tags)
+        if code is None:
+            if len(self._tags) >= MAX_CACHED_NAMES:
+                self._tags.clear()
+            code = self._tags[tags] = tags_code(tags)
+        return code
+
+    def delivery_time(self, level: str, store_ts: int) -> int:
+        """store_ts + delay of `level` (clamped to the table), as RocketMQ computeDeliverTimestamp."""
+        try:
+            n = int(level)
+        except ValueError:
+            log.warning("dispatch: bad %s %r on a %s message; using its store time",
+                        PROPERTY_DELAY_TIME_LEVEL, level, SCHEDULE_TOPIC)
+            return store_ts
+        if n <= 0 or not self.delay_levels_ms:
+            return store_ts
+        return store_ts + self.delay_levels_ms[min(n, len(self.delay_levels_ms)) - 1]
+
+    def _topic(self, topic_b: bytes) -> _Topic:
+        name = topic_b.decode("ascii", "replace")
+        if len(self._topics) >= MAX_CACHED_NAMES:
+            self._topics.clear()
+            self._queues.clear()
+        t = self._topics[topic_b] = _Topic(name, self.system_handlers.get(name))
+        return t
+
+    def _queue(self, topic: _Topic, topic_b: bytes, queue_id: int) -> ConsumeQueue:
+        key = (topic_b, queue_id)
+        cq = self._queues.get(key)
+        if cq is None:
+            cq = self._queues[key] = self.cq_store.find_or_create(topic.name, queue_id)
+        return cq
+
+    def _write_run(self, run: _Run) -> ConsumeQueue:
+        run.cq.put_units(run.first, run.buf)
+        return run.cq
+
+    def _call_handler(self, handler: SystemHandler, data: bytes, phys: int) -> None:
+        # A failing handler must not wedge dispatch for every other queue; it is logged
+        # and counted (handler_errors), and the handler's owner can re-read from its CQ.
+        msg = decode_record(data, 0, check_crc=False)
+        try:
+            handler(msg)
+        except Exception:       # noqa: BLE001 - foreign code; logged with context, counted
+            self.handler_errors += 1
+            log.exception("dispatch: system handler for %s failed on the message at %d", msg.topic, phys)
+
+    def _notify(self, cq: ConsumeQueue) -> None:
+        if not self._listeners:
+            return
+        max_offset = cq.max_offset
+        for cb in self._listeners:
+            try:
+                cb(cq.topic, cq.queue_id, max_offset)
+            except Exception:   # noqa: BLE001 - a listener's bug must not stop dispatch
+                log.exception("dispatch: listener %r failed for %s/%d", cb, cq.topic, cq.queue_id)
