@@ -1,0 +1,755 @@
+"""The DLedger entry store: data segments + index segments + an atomic meta file.
+
+    <root>/dledger-<selfId>/data/<20-digit pos>     entries (header + body), blanks at file ends
+    <root>/dledger-<selfId>/index/<20-digit byte>   32 bytes per entry at index * 32
+    <root>/dledger-<selfId>/meta                    JSON, written atomically (temp, fsync, rename, fsync dir)
+
+Positions are identical on every replica: an entry goes at the end of the previous
+one unless `size + 8` does not fit in the file, in which case a blank (magic -1,
+size = bytes left) fills the file and the entry starts the next one. The leader
+encodes each commitlog record with PHYSICALOFFSET = pos + 48 *before* proposing
+(`place_entry`), and every replica checks that on append, so a replica opened with
+another segment size fails loudly instead of serving wrong offsets.
+
+Implements the core's `RaftStorage` (read side) plus the write side the shell uses:
+`append`, `truncate_from` (durable before it returns: RocketMQ #10666), `reset_to`,
+`set_hard_state`, `flush`, `checkpoint`, and `recover`.
+
+Recovery walks every entry from the base checking magic, sizes, pos, consecutive
+indexes, non-decreasing terms, body and chain CRCs, and makes the index file agree.
+It cuts at the first bad entry, durably, and reports what it dropped. Corruption at
+or below the *durable mark* (the last checkpoint: an index known fsynced) is not a
+torn write but lost acknowledged data: `needs_catchup_to` is set in meta so the core
+neither votes nor campaigns until the log is back there.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+from dledger import entry as E
+from dledger.messages import Entry, EntryType, HardState
+from dledger.raft_storage import Compacted
+from node.store import layout as L
+from node.store.errors import CorruptRecord, StoreError, StoreFatal
+from node.store.fileio import FileSystem
+from node.store.segment import SegmentedFile
+
+log = logging.getLogger(__name__)
+
+INDEX_SIZE = L.ENTRY_INDEX.size
+HEADER = E.HEADER_SIZE
+_PHYS_AT = L.MESSAGE_FIELD_OFFSET["physical_offset"]
+_MAGIC_AT = L.MESSAGE_FIELD_OFFSET["magic"]
+_CHAIN_AT = L.ENTRY_FIELD_OFFSET["chain_crc"]
+_SCAN_CHUNK = 8 << 20            # bytes read per recovery step
+_CACHE_MAX_BYTES = 64 << 20      # recent entries kept in memory for the leader's pushes
+_INDEX_VERIFY_BATCH = 8192       # entries compared against the index file at a time
+_TYPES = {int(t): t for t in EntryType}
+
+
+class EntryTooLarge(StoreError):
+    code = "MESSAGE_TOO_LARGE"
+    http_status = 400
+
+
+def place_entry(end: int, size: int, segment_size: int) -> int:
+    """Where an entry of `size` bytes goes when the log ends at `end` (pure).
+
+    DESIGN 3: when size + 8 > bytes left in the file, a blank fills the file and the
+    entry starts the next one. `end` is never closer than 8 bytes to a file end.
+    """
+    if size + E.BLANK_SIZE > segment_size:
+        raise EntryTooLarge(f"entry of {size} bytes cannot fit a {segment_size}-byte data file")
+    remaining = segment_size - end % segment_size
+    return end if size + E.BLANK_SIZE <= remaining else end + remaining
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRecord:
+    magic: int
+    pos: int
+    size: int
+    index: int
+    term: int
+
+    @property
+    def end(self) -> int:
+        return self.pos + self.size
+
+
+@dataclass(slots=True)
+class Meta:
+    term: int = 0
+    voted_for: str | None = None
+    needs_catchup_to: int | None = None
+    # Highest index known durable and committed here when last checkpointed (the durable mark).
+    committed: int = 0
+    checkpoint_index: int = 0
+    # The log restarts after (base_index, base_term); entry base_index+1 is at base_pos,
+    # its chain CRC seeded with base_chain.
+    base_index: int = 0
+    base_term: int = 0
+    base_pos: int = 0
+    base_chain: int = 0
+
+    @property
+    def durable_mark(self) -> int:
+        return max(self.committed, self.checkpoint_index)
+
+
+@dataclass(slots=True)
+class RecoveryReport:
+    first_index: int
+    last_index: int
+    end_pos: int
+    entries_scanned: int
+    bytes_scanned: int
+    seconds: float
+    cut_at_index: int | None = None     # first index dropped (None: nothing dropped)
+    cut_at_pos: int | None = None
+    reason: str | None = None
+    old_last_index: int | None = None   # best knowledge of how far the log went before
+    lost_durable: bool = False          # True: a bit flip or lost file below the durable mark
+    needs_catchup_to: int | None = None
+    index_rebuilt_from: int | None = None
+
+
+@dataclass(slots=True)
+class _Scan:
+    last_index: int
+    last_term: int
+    end_pos: int
+    chain: int
+    entries: int = 0
+    bytes: int = 0
+    bad: CorruptRecord | None = None
+    bad_index: int | None = None
+    run_starts: list[int] = field(default_factory=list)
+    run_terms: list[int] = field(default_factory=list)
+
+
+class EntryStore:
+    """One replica's Raft log on disk. Single-threaded: the shell owns it."""
+
+    def __init__(self, fs: FileSystem, root: str, self_id: str,
+                 data_segment_size: int = 1 << 30, index_segment_size: int = INDEX_SIZE * (1 << 22)):
+        assert index_segment_size % INDEX_SIZE == 0, "an index record must never span files"
+        assert data_segment_size > 2 * HEADER
+        self.fs = fs
+        self.dir = os.path.join(root, f"dledger-{self_id}")
+        self.data = SegmentedFile(fs, os.path.join(self.dir, "data"), data_segment_size)
+        self.index = SegmentedFile(fs, os.path.join(self.dir, "index"), index_segment_size)
+        self.meta_path = os.path.join(self.dir, "meta")
+        self.segment_size = data_segment_size
+        self.meta = Meta()
+        self._last_index = 0
+        self._last_term = 0
+        self._end_pos = 0           # end of the last entry (never a blank's end)
+        self._last_chain = 0
+        self._flushed_index = 0
+        # Term runs: entries run_starts[i] .. run_starts[i+1]-1 have term run_terms[i].
+        self._run_starts: list[int] = []
+        self._run_terms: list[int] = []
+        self._cache: list[Entry] = []
+        self._cache_pos: list[int] = []
+        self._cache_bytes = 0
+        self._pos_unknown = False   # after reset_to without a base pos (see reset_to)
+        self._recovered = False
+
+    # --- RaftStorage ----------------------------------------------------------------
+    def initial_state(self) -> HardState:
+        m = self.meta
+        return HardState(m.term, m.voted_for, m.needs_catchup_to)
+
+    def first_index(self) -> int:
+        return self.meta.base_index + 1
+
+    def last_index(self) -> int:
+        return self._last_index
+
+    def term(self, index: int) -> int:
+        base = self.meta.base_index
+        if index < base:
+            raise Compacted(index, base + 1)
+        if index > self._last_index:
+            raise IndexError(f"term({index}) beyond last index {self._last_index}")
+        if index == base:
+            return self.meta.base_term
+        i = bisect.bisect_right(self._run_starts, index) - 1
+        assert i >= 0
+        return self._run_terms[i]
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if lo < self.first_index():
+            raise Compacted(lo, self.first_index())
+        if not lo < hi <= self._last_index + 1:
+            raise IndexError(f"entries({lo}, {hi}) outside {self.first_index()}..{self._last_index}")
+        cache_first = self._cache[0].index if self._cache else self._last_index + 1
+        if lo >= cache_first:
+            return _within_budget(self._cache[lo - cache_first:hi - cache_first], max_bytes)
+        return self._read_entries(lo, hi, max_bytes)
+
+    # --- geometry used by DLedgerLog -------------------------------------------------
+    @property
+    def end_pos(self) -> int:
+        """Where the log's last entry ends (the next entry goes here or in the next file)."""
+        return self._end_pos
+
+    @property
+    def start_pos(self) -> int:
+        return self.meta.base_pos
+
+    @property
+    def last_term(self) -> int:
+        return self._last_term
+
+    @property
+    def flushed_index(self) -> int:
+        return self._flushed_index
+
+    def next_pos_for(self, body_size: int, after: int | None = None) -> int:
+        """Position an entry with `body_size` bytes of body would get after `after` (default: the end)."""
+        return place_entry(self._end_pos if after is None else after, HEADER + body_size, self.segment_size)
+
+    def entry_at(self, index: int) -> IndexRecord:
+        """The index record of `index` (KeyError outside first..last)."""
+        if not self.first_index() <= index <= self._last_index:
+            raise KeyError(index)
+        if self._cache and index >= self._cache[0].index:
+            e = self._cache[index - self._cache[0].index]
+            return IndexRecord(int(e.type), self._cache_pos[index - self._cache[0].index],
+                               HEADER + len(e.body), e.index, e.term)
+        raw = self.index.read(index * INDEX_SIZE, INDEX_SIZE)
+        if len(raw) != INDEX_SIZE:
+            raise StoreFatal(f"index record {index} missing")
+        rec = IndexRecord(*L.ENTRY_INDEX.unpack(raw))
+        if rec.index != index:
+            raise StoreFatal(f"index file holds {rec.index} where {index} belongs")
+        return rec
+
+    def read_body(self, pos: int, size: int) -> bytes:
+        """Raw bytes at `pos` (never across a file end)."""
+        return self.data.read(pos, size)
+
+    def read_entry(self, pos: int) -> E.DecodedEntry:
+        """The entry at `pos`, CRC-checked (no chain check)."""
+        head = self.data.read(pos, HEADER)
+        magic, size = E.peek_magic_size(head, 0)
+        if magic not in E.VALID_MAGICS or size < HEADER:
+            raise CorruptRecord(pos, f"no entry at {pos} (magic {magic})")
+        return E.decode_entry(self.data.read(pos, size), pos)
+
+    # --- write side ---------------------------------------------------------------------
+    def set_hard_state(self, hs: HardState) -> None:
+        """Persist term, vote and the catch-up mark atomically."""
+        self.meta.term = hs.term
+        self.meta.voted_for = hs.voted_for
+        self.meta.needs_catchup_to = hs.needs_catchup_to
+        self._write_meta()
+
+    def append(self, entries: Sequence[Entry]) -> list[int]:
+        """Write entries after the last one (no fsync); return their positions."""
+        assert self._recovered, "recover() first"
+        assert entries
+        assert entries[0].index == self._last_index + 1, (entries[0].index, self._last_index)
+        if self._pos_unknown:
+            self._derive_base_pos(entries)
+        seg_start, chunks, idx_parts, positions = self._end_pos, [], [], []
+        end, chain, last_term = self._end_pos, self._last_chain, self._last_term
+        for e in entries:
+            assert e.term >= last_term, (e.index, e.term, last_term)
+            size = HEADER + len(e.body)
+            pos = place_entry(end, size, self.segment_size)
+            if pos != end:  # roll: fill this file with a blank
+                chunks.append(E.encode_blank(pos - end) + bytes(pos - end - E.BLANK_SIZE))
+                self._write_data(seg_start, chunks)
+                seg_start, chunks = pos, []
+            if e.type is EntryType.NORMAL:
+                _check_record_offset(e, pos)
+            data = E.encode_entry(e.index, e.term, pos, int(e.type), e.body, chain)
+            chain = int.from_bytes(data[_CHAIN_AT:_CHAIN_AT + 4], "big")
+            chunks.append(data)
+            idx_parts.append(L.ENTRY_INDEX.pack(int(e.type), pos, size, e.index, e.term))
+            positions.append(pos)
+            self._note_term(e.index, e.term)
+            end, last_term = pos + size, e.term
+        self._write_data(seg_start, chunks)
+        self._write_index(entries[0].index, idx_parts)
+        self._last_index, self._last_term = entries[-1].index, last_term
+        self._end_pos, self._last_chain = end, chain
+        self._cache_add(entries, positions)
+        return positions
+
+    def flush(self) -> int:
+        """fsync data, then index; return the last durable index."""
+        last = self._last_index
+        self.data.flush()
+        self.index.flush()
+        self._flushed_index = last
+        return last
+
+    def checkpoint(self, committed: int) -> None:
+        """Record the durable mark in meta (after a flush). Cheap enough every ~second.
+
+        Only what is both committed and fsynced here counts, so a power loss of the
+        whole group can never leave every replica waiting to catch up."""
+        mark = min(max(committed, self.meta.base_index), self._flushed_index)
+        if mark <= self.meta.checkpoint_index and committed <= self.meta.committed:
+            return
+        self.meta.checkpoint_index = max(self.meta.checkpoint_index, mark)
+        self.meta.committed = max(self.meta.committed, min(committed, self._flushed_index))
+        self._write_meta()
+
+    def truncate_from(self, index: int) -> None:
+        """Durably drop every entry >= index (zeroed and fsynced before returning)."""
+        if index > self._last_index:
+            return
+        if index <= self.meta.base_index:
+            raise Compacted(index, self.first_index())
+        assert index > self.meta.committed, f"truncating committed entry {index} (committed {self.meta.committed})"
+        if index - 1 == self.meta.base_index:
+            prev_end, prev_chain = self.meta.base_pos, self.meta.base_chain
+        else:
+            prev = self.entry_at(index - 1)
+            prev_end = prev.end
+            prev_chain = int.from_bytes(self.data.read(prev.pos + _CHAIN_AT, 4), "big")
+        self.data.truncate(prev_end)            # zeroes the tail (and any blank) + fsync
+        self.index.truncate(index * INDEX_SIZE)
+        self._cut_runs(index)
+        self._cache_cut(index)
+        self._last_index = index - 1
+        self._last_term = self.term(index - 1)
+        self._end_pos, self._last_chain = prev_end, prev_chain
+        self._flushed_index = min(self._flushed_index, index - 1)
+        if self.meta.checkpoint_index >= index:
+            self.meta.checkpoint_index = index - 1
+            self._write_meta()
+        log.info("%s: truncated from index %d (pos %d)", self.dir, index, prev_end)
+
+    def reset_to(self, base_index: int, base_term: int, base_pos: int | None = None) -> None:
+        """Drop everything; the log restarts after (base_index, base_term).
+
+        The follower must put entry base_index+1 where the leader has it. Without
+        `base_pos` it is derived from the first NORMAL entry appended next (its record
+        carries PHYSICALOFFSET = pos + 48). Meta is written first so a crash mid-reset
+        recovers to the new base (old files below it are removed at recovery)."""
+        m = self.meta
+        m.base_index, m.base_term, m.base_chain = base_index, base_term, 0
+        m.base_pos = base_pos if base_pos is not None else self._end_pos
+        m.checkpoint_index = max(m.checkpoint_index, base_index)
+        m.committed = max(m.committed, base_index)
+        self._write_meta()
+        self.data.reset_to(m.base_pos)
+        self.index.reset_to((base_index + 1) * INDEX_SIZE)
+        self._last_index, self._last_term = base_index, base_term
+        self._end_pos, self._last_chain = m.base_pos, 0
+        self._flushed_index = base_index
+        self._run_starts, self._run_terms = [], []
+        self._cache_cut(0)
+        self._pos_unknown = base_pos is None
+        log.warning("%s: log reset to base %d (term %d)", self.dir, base_index, base_term)
+
+    def close(self) -> None:
+        self.data.close()
+        self.index.close()
+
+    # --- recovery -----------------------------------------------------------------------
+    def recover(self) -> RecoveryReport:
+        """Open the store, verify every entry, cut a bad tail durably, fix the index."""
+        t0 = time.monotonic()
+        self.fs.makedirs(self.dir)
+        self.meta = self._read_meta()
+        m = self.meta
+        self._remove_below(self.data, m.base_pos)
+        self._remove_below(self.index, (m.base_index + 1) * INDEX_SIZE)
+        self.data.load()
+        self._load_index()
+        scan = self._scan(m)
+        report = RecoveryReport(m.base_index + 1, scan.last_index, scan.end_pos, scan.entries, scan.bytes, 0.0)
+        if scan.bad is not None:
+            self._classify_loss(scan, report)
+        elif scan.last_index < m.durable_mark:
+            report.lost_durable, report.reason = True, f"log ends at {scan.last_index} below durable mark {m.durable_mark}"
+            report.old_last_index = m.durable_mark
+        if report.lost_durable:
+            report.needs_catchup_to = max(report.old_last_index or 0, m.needs_catchup_to or 0, scan.last_index + 1)
+            m.needs_catchup_to = report.needs_catchup_to
+            m.checkpoint_index = min(m.checkpoint_index, scan.last_index)
+            m.committed = min(m.committed, scan.last_index)
+        self._cut_tail(self.data, scan.end_pos)
+        report.index_rebuilt_from = self._fix_index(scan)
+        self._install_scan(scan)
+        self._write_meta()
+        report.seconds = time.monotonic() - t0
+        self._log_report(report)
+        return report
+
+    def _load_index(self) -> None:
+        """The index is derived data: if its files are not contiguous, drop them all and rebuild."""
+        try:
+            self.index.load()
+        except StoreFatal as e:
+            log.warning("%s: index files unusable (%s); rebuilding the index from the data", self.dir, e)
+            self.index.close()
+            for name in self.fs.listdir(self.index.directory):
+                self.fs.remove(os.path.join(self.index.directory, name))
+            self.fs.fsync_dir(self.index.directory)
+            self.index = SegmentedFile(self.fs, self.index.directory, self.index.segment_size)
+            self.index.load()
+
+    def _install_scan(self, scan: _Scan) -> None:
+        self._last_index, self._last_term = scan.last_index, scan.last_term
+        self._end_pos, self._last_chain = scan.end_pos, scan.chain
+        self._run_starts, self._run_terms = scan.run_starts, scan.run_terms
+        self._flushed_index = scan.last_index
+        self._recovered = True
+
+    def _scan(self, m: Meta) -> _Scan:
+        """Walk every entry from the base; stop at a clean end or the first bad entry."""
+        s = _Scan(m.base_index, m.base_term, m.base_pos, m.base_chain)
+        pos = m.base_pos
+        while True:
+            seg = self.data.segment_for(pos)
+            if seg is None:
+                return s
+            seg_end = seg.base + seg.capacity
+            buf = seg.read(pos, min(_SCAN_CHUNK, seg_end - pos))
+            at, stop = self._scan_chunk(s, buf, pos, seg_end)
+            if stop:
+                return s
+            if at == 0 and pos + len(buf) < seg_end:
+                # An entry larger than the chunk: read exactly it.
+                _, size = E.peek_magic_size(buf, 0)
+                buf = seg.read(pos, size)
+                at, stop = self._scan_chunk(s, buf, pos, seg_end)
+                if stop or at == 0:
+                    return s
+            pos += at
+
+    def _scan_chunk(self, s: _Scan, buf: bytes, pos: int, seg_end: int) -> tuple[int, bool]:
+        """Consume whole entries of `buf` (which starts at log position `pos`).
+
+        Returns (bytes consumed, stopped). A blank consumes the rest of its file."""
+        at, n = 0, len(buf)
+        while at + E.BLANK_SIZE <= n:
+            p = pos + at
+            magic, size = L.ENTRY_BLANK.unpack_from(buf, at)
+            if magic == 0 and size == 0:
+                return at, True  # clean end: never-written bytes are zeros
+            if magic == L.ENTRY_MAGIC_BLANK:
+                if size != seg_end - p or s.last_index == s.run_starts[-1:] and False:
+                    return self._bad(s, p, CorruptRecord(p, f"blank of {size} bytes, {seg_end - p} left")), True
+                return n if p + size == pos + n else at + size, False
+            if size < HEADER or size + E.BLANK_SIZE > seg_end - p:
+                return self._bad(s, p, CorruptRecord(p, f"entry size {size} impossible here")), True
+            if at + size > n:
+                return at, False  # continue with a fresh read at this entry
+            try:
+                d = E.decode_entry(buf, p, s.chain, at)
+            except CorruptRecord as err:
+                return self._bad(s, p, err), True
+            if d.index != s.last_index + 1 or d.term < s.last_term:
+                return self._bad(s, p, CorruptRecord(p, f"entry {d.index}/term {d.term} after "
+                                                        f"{s.last_index}/term {s.last_term}")), True
+            if not s.run_terms or s.run_terms[-1] != d.term:
+                s.run_starts.append(d.index)
+                s.run_terms.append(d.term)
+            s.last_index, s.last_term, s.end_pos, s.chain = d.index, d.term, d.end, d.chain_crc
+            s.entries += 1
+            s.bytes += size
+            at += size
+        return at, False
+
+    def _bad(self, s: _Scan, pos: int, err: CorruptRecord) -> int:
+        s.bad, s.bad_index = err, s.last_index + 1
+        return 0
+
+    def _classify_loss(self, scan: _Scan, report: RecoveryReport) -> None:
+        """A bad entry: torn tail (above the durable mark) or lost durable data (below)."""
+        assert scan.bad is not None and scan.bad_index is not None
+        report.cut_at_index, report.cut_at_pos, report.reason = scan.bad_index, scan.bad.offset, scan.bad.reason
+        old_last = self._index_file_last(scan.bad_index)
+        report.old_last_index = max(old_last, self.meta.durable_mark, scan.last_index)
+        report.lost_durable = scan.bad_index <= self.meta.durable_mark
+
+    def _index_file_last(self, start: int) -> int:
+        """Best effort: last index the index file still lists consecutively from `start`."""
+        last, i = start - 1, start
+        while True:
+            raw = self.index.read(i * INDEX_SIZE, INDEX_SIZE * 4096)
+            if len(raw) < INDEX_SIZE:
+                return last
+            for off in range(0, len(raw) - INDEX_SIZE + 1, INDEX_SIZE):
+                magic, _pos, _size, idx, _term = L.ENTRY_INDEX.unpack_from(raw, off)
+                if magic not in E.VALID_MAGICS or idx != i:
+                    return last
+                last, i = i, i + 1
+
+    def _fix_index(self, scan: _Scan) -> int | None:
+        """Make the index file list exactly entries first..last; return where it was rebuilt."""
+        first = self.meta.base_index + 1
+        mismatch = self._first_index_mismatch(first, scan.last_index)
+        if mismatch is None:
+            self._cut_tail(self.index, (scan.last_index + 1) * INDEX_SIZE)
+            return None
+        log.warning("%s: index file disagrees with data from index %d; rebuilding", self.dir, mismatch)
+        self._cut_tail(self.index, mismatch * INDEX_SIZE)
+        pos = self.entry_pos_by_walk(mismatch)
+        parts: list[bytes] = []
+        for rec in self._walk_records(pos, mismatch, scan.last_index):
+            parts.append(L.ENTRY_INDEX.pack(rec.magic, rec.pos, rec.size, rec.index, rec.term))
+            if len(parts) >= _INDEX_VERIFY_BATCH:
+                self._write_index(rec.index - len(parts) + 1, parts)
+                parts = []
+        if parts:
+            self._write_index(scan.last_index - len(parts) + 1, parts)
+        self.index.flush()
+        return mismatch
+
+    def _first_index_mismatch(self, first: int, last: int) -> int | None:
+        """First index whose index record disagrees with the data (None: all agree)."""
+        i, pos = first, self.meta.base_pos
+        for rec in self._walk_records(pos, first, last):
+            raw = self.index.read(rec.index * INDEX_SIZE, INDEX_SIZE)
+            if raw != L.ENTRY_INDEX.pack(rec.magic, rec.pos, rec.size, rec.index, rec.term):
+                return rec.index
+            i = rec.index + 1
+        assert i == last + 1
+        return None
+
+    def entry_pos_by_walk(self, index: int) -> int:
+        """Position of `index` found by walking the data from the base (recovery only)."""
+        for rec in self._walk_records(self.meta.base_pos, self.meta.base_index + 1, index):
+            if rec.index == index:
+                return rec.pos
+        raise KeyError(index)
+
+    def _walk_records(self, pos: int, first: int, last: int):
+        """Yield IndexRecords of already-verified entries first..last starting at `pos`."""
+        i = first
+        while i <= last:
+            seg = self.data.segment_for(pos)
+            assert seg is not None, pos
+            seg_end = seg.base + seg.capacity
+            buf = seg.read(pos, min(_SCAN_CHUNK, seg_end - pos))
+            at = 0
+            while i <= last and at + E.BLANK_SIZE <= len(buf):
+                magic, size = L.ENTRY_BLANK.unpack_from(buf, at)
+                if magic == L.ENTRY_MAGIC_BLANK:
+                    at = len(buf) if pos + at + size >= pos + len(buf) else at + size
+                    break
+                if at + size > len(buf):
+                    break
+                _m, _s, idx, term, rpos = L.ENTRY_HEADER.unpack_from(buf, at)[:5]
+                assert idx == i, (idx, i)
+                yield IndexRecord(magic, rpos, size, idx, term)
+                i, at = i + 1, at + size
+            if at == 0:
+                _, size = E.peek_magic_size(buf, 0)
+                buf = seg.read(pos, size)
+                _m, _s, idx, term, rpos = L.ENTRY_HEADER.unpack_from(buf, 0)[:5]
+                yield IndexRecord(_m, rpos, size, idx, term)
+                i, at = i + 1, size
+            pos += at
+
+    def _cut_tail(self, sf: SegmentedFile, offset: int) -> None:
+        """Durably make `offset` the end of `sf`: later files removed, the rest of its file zeroed.
+
+        Zeroing is ftruncate down then back up (a hole), so a 1 GiB file costs no writes."""
+        seg = sf.segment_for(offset)
+        if seg is None and sf.segments and offset == sf.segments[-1].base + sf.segment_size:
+            seg = None  # the end is exactly a file end: keep the files, create the next lazily
+        if seg is None and not (sf.segments and offset == sf.segments[-1].base + sf.segment_size):
+            sf.reset_to(offset)
+            return
+        sf.set_end(offset)
+        sf.truncate(offset)  # removes later files; nothing left to zero in the holding file
+        if seg is None:
+            return
+        rel = offset - seg.base
+        try:
+            seg.handle.truncate(rel)
+            seg.handle.truncate(seg.capacity)
+            seg.handle.fsync()
+        except OSError as e:
+            raise StoreFatal(f"cutting {seg.path} at {rel}: {e}") from e
+
+    def _remove_below(self, sf: SegmentedFile, offset: int) -> None:
+        """Delete files that end at or below `offset` (left by a crash during reset_to)."""
+        removed = False
+        for name in self.fs.listdir(sf.directory):
+            if len(name) == 20 and name.isdigit() and int(name) + sf.segment_size <= offset:
+                self.fs.remove(os.path.join(sf.directory, name))
+                removed = True
+        if removed:
+            self.fs.fsync_dir(sf.directory)
+
+    def _log_report(self, r: RecoveryReport) -> None:
+        if r.cut_at_index is None and not r.lost_durable:
+            log.info("%s: recovered entries %d..%d (%d bytes) in %.3fs", self.dir, r.first_index,
+                     r.last_index, r.bytes_scanned, r.seconds)
+            return
+        level = logging.ERROR if r.lost_durable else logging.WARNING
+        log.log(level, "%s: recovery cut the log at index %s (pos %s): %s; kept %d..%d, old last %s, "
+                "needs_catchup_to=%s", self.dir, r.cut_at_index, r.cut_at_pos, r.reason, r.first_index,
+                r.last_index, r.old_last_index, r.needs_catchup_to)
+
+    # --- internals -------------------------------------------------------------------------
+    def _write_data(self, start: int, chunks: list[bytes]) -> None:
+        if not chunks:
+            return
+        seg = self.data.ensure_writable(start)
+        assert seg.end == start, (seg.end, start)
+        try:
+            seg.append(b"".join(chunks) if len(chunks) > 1 else chunks[0])
+        except OSError as e:
+            raise StoreFatal(f"write to {seg.path} failed: {e}") from e
+
+    def _write_index(self, first: int, parts: list[bytes]) -> None:
+        offset, i = first * INDEX_SIZE, 0
+        while i < len(parts):
+            seg = self.index.ensure_writable(offset)
+            assert seg.end == offset, (seg.end, offset)
+            n = min(len(parts) - i, seg.remaining // INDEX_SIZE)
+            try:
+                seg.append(b"".join(parts[i:i + n]))
+            except OSError as e:
+                raise StoreFatal(f"write to {seg.path} failed: {e}") from e
+            i, offset = i + n, offset + n * INDEX_SIZE
+
+    def _read_entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        """Entries lo..hi-1 from disk, CRC-checked, at least one, within max_bytes."""
+        out: list[Entry] = []
+        used, i = 0, lo
+        pos = self.entry_at(lo).pos
+        while i < hi:
+            rec = self.entry_at(i) if not out else None
+            if rec is not None:
+                pos = rec.pos
+            want = max(HEADER, min(max_bytes - used, self.data.segment_size))
+            buf = self.data.read(pos, want)
+            at = 0
+            while i < hi and at + E.BLANK_SIZE <= len(buf):
+                magic, size = L.ENTRY_BLANK.unpack_from(buf, at)
+                if magic == L.ENTRY_MAGIC_BLANK:
+                    pos = pos + at + size
+                    at = -1
+                    break
+                if (out and used + size > max_bytes) or at + size > len(buf):
+                    break
+                d = E.decode_entry(buf, pos + at, None, at)
+                assert d.index == i, (d.index, i)
+                out.append(Entry(d.index, d.term, _TYPES[d.magic], d.body))
+                used, i, at = used + size, i + 1, at + size
+            if at == -1:
+                continue
+            if at == 0 and not out:  # first entry larger than the read: read it whole
+                _, size = E.peek_magic_size(buf, 0)
+                d = E.decode_entry(self.data.read(pos, size), pos)
+                out.append(Entry(d.index, d.term, _TYPES[d.magic], d.body))
+                used, i, at = size, i + 1, size
+            if at == 0 or used >= max_bytes:
+                break
+            pos += at
+        return out
+
+    def _derive_base_pos(self, entries: Sequence[Entry]) -> None:
+        """After reset_to without a pos: learn it from the first NORMAL record in the batch."""
+        sizes = 0
+        for e in entries:
+            if e.type is EntryType.NORMAL and _looks_like_record(e.body):
+                phys = int.from_bytes(e.body[_PHYS_AT:_PHYS_AT + 8], "big", signed=True)
+                start = phys - HEADER - sizes
+                if start >= 0 and start // self.segment_size == (phys - HEADER) // self.segment_size:
+                    self._rebase_empty(start)
+                    return
+                break
+            sizes += HEADER + len(e.body)
+        log.warning("%s: cannot learn the base position after a reset; keeping %d", self.dir, self._end_pos)
+        self._pos_unknown = False
+
+    def _rebase_empty(self, pos: int) -> None:
+        assert self._last_index == self.meta.base_index
+        self.meta.base_pos = pos
+        self._write_meta()
+        self.data.reset_to(pos)
+        self._end_pos = pos
+        self._pos_unknown = False
+
+    def _note_term(self, index: int, term: int) -> None:
+        if not self._run_terms or self._run_terms[-1] != term:
+            self._run_starts.append(index)
+            self._run_terms.append(term)
+
+    def _cut_runs(self, index: int) -> None:
+        i = bisect.bisect_left(self._run_starts, index)
+        del self._run_starts[i:]
+        del self._run_terms[i:]
+
+    def _cache_add(self, entries: Sequence[Entry], positions: list[int]) -> None:
+        self._cache.extend(entries)
+        self._cache_pos.extend(positions)
+        self._cache_bytes += sum(HEADER + len(e.body) for e in entries)
+        if self._cache_bytes > _CACHE_MAX_BYTES:
+            drop, freed = 0, 0
+            while self._cache_bytes - freed > _CACHE_MAX_BYTES // 2:
+                freed += HEADER + len(self._cache[drop].body)
+                drop += 1
+            del self._cache[:drop]
+            del self._cache_pos[:drop]
+            self._cache_bytes -= freed
+
+    def _cache_cut(self, index: int) -> None:
+        if not self._cache or index > self._cache[-1].index:
+            return
+        keep = max(0, index - self._cache[0].index)
+        self._cache_bytes -= sum(HEADER + len(e.body) for e in self._cache[keep:])
+        del self._cache[keep:]
+        del self._cache_pos[keep:]
+
+    def _read_meta(self) -> Meta:
+        if not self.fs.exists(self.meta_path):
+            return Meta()
+        try:
+            raw = json.loads(self.fs.read_file(self.meta_path))
+            return Meta(**raw)
+        except (ValueError, TypeError) as e:
+            # write_atomic makes a torn meta impossible; a bad one is someone else's damage.
+            raise StoreFatal(f"{self.meta_path} is unreadable ({e}); refusing to guess term and vote") from e
+
+    def _write_meta(self) -> None:
+        try:
+            self.fs.write_atomic(self.meta_path, json.dumps(asdict(self.meta), sort_keys=True).encode())
+        except OSError as e:
+            raise StoreFatal(f"writing {self.meta_path} failed: {e}") from e
+
+
+def _within_budget(entries: list[Entry], max_bytes: int) -> list[Entry]:
+    used = 0
+    for n, e in enumerate(entries):
+        used += HEADER + len(e.body)
+        if n and used > max_bytes:
+            return entries[:n]
+    return entries
+
+
+def _looks_like_record(body: bytes) -> bool:
+    return len(body) >= L.MESSAGE_HEADER.size and \
+        int.from_bytes(body[_MAGIC_AT:_MAGIC_AT + 4], "big") == L.MESSAGE_MAGIC
+
+
+def _check_record_offset(e: Entry, pos: int) -> None:
+    """A NORMAL body is a commitlog record whose PHYSICALOFFSET must be pos + 48."""
+    if not _looks_like_record(e.body):
+        return  # not a commitlog record (tests, or a future body kind): nothing to check
+    phys = int.from_bytes(e.body[_PHYS_AT:_PHYS_AT + 8], "big", signed=True)
+    if phys != pos + HEADER:
+        raise StoreFatal(f"entry {e.index}: record says physical offset {phys} but lands at {pos + HEADER}; "
+                         "do all replicas use the same data segment size?")

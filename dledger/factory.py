@@ -1,0 +1,71 @@
+"""Build a DLedgerLog from the broker's config (the lead wires this into node/server.py).
+
+Keys read: dLegerGroup (default brokerName), dLegerPeers `n0-host:port;...` (Raft
+addresses), dLegerSelfId, preferredLeaderId, flushDiskType, flushIntervalCommitLog,
+syncFlushTimeout (append wait), storePathRootDir, mappedFileSizeCommitLog (data
+segment size: must be equal on every replica), brokerIP1/listenPort (store host
+stamped into records).
+
+Peers' API addresses (for NotLeader hints): `dLegerPeerApis` `n0-host:port;...` if
+the config has that key; otherwise by convention the Raft host and Raft port - 30000
+(40911 -> 10911, RocketMQ's default pair). This node's own API address is always
+brokerIP1:listenPort.
+"""
+
+from __future__ import annotations
+
+import random
+
+from dledger.core import RaftConfig
+from dledger.dledger_log import DLedgerLog
+from dledger.entry_store import EntryStore
+from dledger.shell import RaftNode, ShellConfig
+from node.config import BrokerConfig, ConfigError, parse_dleger_peers
+from node.store.fileio import FileSystem
+
+API_PORT_OFFSET = 30000
+
+
+def peer_addresses(config: BrokerConfig) -> dict[str, tuple[str, int]]:
+    peers = parse_dleger_peers(config.dleger_peers)
+    out: dict[str, tuple[str, int]] = {}
+    for ident, addr in peers.items():
+        host, _, port = addr.rpartition(":")
+        out[ident] = (host, int(port))
+    return out
+
+
+def peer_api_addresses(config: BrokerConfig, raft: dict[str, tuple[str, int]]) -> dict[str, str]:
+    explicit = getattr(config, "dleger_peer_apis", "") or ""
+    if explicit:
+        apis = parse_dleger_peers(explicit)
+        missing = set(raft) - set(apis)
+        if missing:
+            raise ConfigError(f"dLegerPeerApis: no API address for {sorted(missing)}")
+    else:
+        apis = {}
+        for ident, (host, port) in raft.items():
+            if port <= API_PORT_OFFSET:
+                raise ConfigError(f"dLegerPeers: cannot derive {ident}'s API port from Raft port {port}; "
+                                  "set dLegerPeerApis")
+            apis[ident] = f"{host}:{port - API_PORT_OFFSET}"
+    apis[config.dleger_self_id] = config.api_address
+    return apis
+
+
+def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
+                      raft_config: RaftConfig | None = None) -> DLedgerLog:
+    """The DLedger-mode ReplicatedLog; call `await log.start()` to recover and join the group."""
+    if not config.enable_dleger_commit_log:
+        raise ConfigError("enableDLegerCommitLog is false")
+    raft = peer_addresses(config)
+    if config.dleger_self_id not in raft:
+        raise ConfigError(f"dLegerSelfId {config.dleger_self_id!r} is not in dLegerPeers")
+    store = EntryStore(fs or FileSystem(), config.store_root, config.dleger_self_id,
+                       data_segment_size=config.mapped_file_size_commit_log)
+    rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None)
+    shell = ShellConfig(flush_disk_type=config.flush_disk_type,
+                        async_flush_interval_ms=config.flush_interval_commit_log_ms)
+    node = RaftNode(config.dleger_self_id, config.group, raft, store, rc, shell, rng=random.Random())
+    return DLedgerLog(node, peer_api_addresses(config, raft), store_host=config.broker_ip1,
+                      store_port=config.listen_port, append_timeout_s=config.sync_flush_timeout_ms / 1000)

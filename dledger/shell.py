@@ -1,0 +1,293 @@
+"""RaftNode: the asyncio shell that drives one RaftCore.
+
+One task runs the core. Whenever something arrives (a peer message, a tick, a
+proposal), it feeds the core and then handles every Ready in the fixed order
+(etcd's RawNode usage, DESIGN 4):
+
+    persist   reset / truncate (durable) -> append -> hard state (atomic meta)
+              SYNC_FLUSH: fsync data + index before anything leaves this node
+    send      queue the Ready's messages on the transport
+    apply     the listener (DLedgerLog) learns commits, role and truncations
+    advance   core.advance(ready)
+
+Handling a Ready never awaits, so nothing can feed the core while a Ready is
+outstanding (the core asserts this) and one Ready carries every entry proposed
+since the last one: one write per segment and one fsync for all of them (group
+commit).
+
+Flush policy:
+- SYNC_FLUSH: fsync before advance; followers acknowledge and the leader counts
+  itself only for fsynced entries.
+- ASYNC_FLUSH: written entries count as persisted; a background task fsyncs every
+  `async_flush_interval_ms`. A power loss on a majority of the group at once can
+  lose acknowledged writes (up to one interval of them). A process crash loses
+  nothing: the page cache survives it.
+
+Both policies checkpoint the durable mark into meta every `checkpoint_interval_ms`
+(see EntryStore.checkpoint), which lets recovery tell a torn tail from lost data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from dledger.core import RaftConfig, RaftCore, Ready, Role
+from dledger.entry_store import EntryStore
+from dledger.messages import EntryType
+from dledger.transport import Transport, TransportConfig
+from node.store.errors import StoreError, StoreFatal
+
+log = logging.getLogger(__name__)
+
+SYNC_FLUSH = "SYNC_FLUSH"
+ASYNC_FLUSH = "ASYNC_FLUSH"
+
+
+@dataclass(frozen=True)
+class ShellConfig:
+    # Length of one core tick, ms. RaftConfig counts ticks: with the defaults (election
+    # 6-12 ticks, heartbeat 2) a dead leader is replaced in ~0.3-0.6 s plus a pre-vote round.
+    tick_ms: int = 50
+    # SYNC_FLUSH or ASYNC_FLUSH (see the module docstring).
+    flush_disk_type: str = ASYNC_FLUSH
+    # ASYNC_FLUSH: fsync period, ms (RocketMQ flushIntervalCommitLog).
+    async_flush_interval_ms: int = 500
+    # Period of the durable-mark checkpoint in meta (two fsyncs each), ms.
+    checkpoint_interval_ms: int = 1000
+    # Peer messages buffered between two core rounds; the oldest are dropped beyond.
+    max_inbox_msgs: int = 100_000
+    # Peer messages stepped before the next Ready is handled (bounds latency of a round).
+    max_steps_per_round: int = 4096
+
+    def validate(self) -> None:
+        if self.flush_disk_type not in (SYNC_FLUSH, ASYNC_FLUSH):
+            raise ValueError(f"ShellConfig.flush_disk_type must be SYNC_FLUSH or ASYNC_FLUSH, got {self.flush_disk_type!r}")
+        for name in ("tick_ms", "async_flush_interval_ms", "checkpoint_interval_ms", "max_inbox_msgs",
+                     "max_steps_per_round"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"ShellConfig.{name} must be >= 1")
+
+
+class ReadyListener(Protocol):
+    def on_recovered(self, node: "RaftNode") -> None:
+        """The store is open; the core exists; nothing has run yet."""
+
+    def on_truncated(self, from_index: int) -> None:
+        """Entries >= from_index are gone (truncate or reset)."""
+
+    def on_ready(self, ready: Ready) -> None:
+        """After persist and send, before advance: role, term and commit of this Ready.
+        Must not feed the core."""
+
+    def on_fatal(self, error: BaseException) -> None:
+        """The node stopped because the store failed."""
+
+
+class RaftNode:
+    """One Raft member: core + entry store + transport, on the running event loop."""
+
+    def __init__(self, node_id: str, group: str, peers: dict[str, tuple[str, int]], store: EntryStore,
+                 raft_config: RaftConfig | None = None, shell_config: ShellConfig | None = None,
+                 transport_config: TransportConfig | None = None, rng: random.Random | None = None):
+        assert node_id in peers, "peers lists every member, this node included"
+        self.node_id = node_id
+        self.group = group
+        self.peers = dict(peers)
+        self.store = store
+        self.raft_config = raft_config or RaftConfig()
+        self.config = shell_config or ShellConfig()
+        self.config.validate()
+        self.transport_config = transport_config or TransportConfig()
+        self.rng = rng or random.Random()
+        self.listener: ReadyListener | None = None
+        self.core: RaftCore | None = None
+        self.transport: Transport | None = None
+        self.fatal: BaseException | None = None
+        self.metrics: collections.Counter = collections.Counter()
+        self._inbox: collections.deque[tuple[str, object]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._ticks_due = 0
+        self._tasks: list[asyncio.Task] = []
+        self._running = False
+        self._last_checkpoint = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Recover the store, build the core, listen, start ticking."""
+        self.store.recover()
+        self.core = RaftCore(self.node_id, list(self.peers), self.store, self.rng, self.raft_config)
+        if self.listener is not None:
+            self.listener.on_recovered(self)
+        self.transport = Transport(self.node_id, self.group, self.peers[self.node_id], self.peers,
+                                   self._on_message, self.transport_config, self.rng)
+        await self.transport.start()
+        self._running = True
+        self._tasks = [asyncio.create_task(self._run(), name=f"raft-{self.node_id}"),
+                       asyncio.create_task(self._ticker(), name=f"raft-tick-{self.node_id}"),
+                       asyncio.create_task(self._flusher(), name=f"raft-flush-{self.node_id}")]
+
+    async def stop(self) -> None:
+        """Stop ticking and talking; flush and checkpoint; close the files."""
+        self._running = False
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self.transport is not None:
+            await self.transport.stop()
+        if self.fatal is None and self.core is not None:
+            try:
+                self.store.flush()
+                self.store.checkpoint(self.core.commit_index)
+            except StoreError as e:
+                log.error("raft %s: flush at stop failed: %s", self.node_id, e)
+        self.store.close()
+
+    # --- inputs ---------------------------------------------------------------------------
+    def propose(self, bodies: list[bytes], type: EntryType = EntryType.NORMAL) -> tuple[int, int]:
+        """Hand bodies to the core (raises core.NotLeader); the next round persists them."""
+        core = self._live_core()
+        first, last = core.propose(bodies, type)
+        self._wake.set()
+        return first, last
+
+    def transfer_leadership(self, target: str) -> None:
+        self._live_core().transfer_leadership(target)
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _live_core(self) -> RaftCore:
+        if self.fatal is not None:
+            raise StoreFatal(f"raft node {self.node_id} stopped: {self.fatal}")
+        assert self.core is not None, "start() first"
+        return self.core
+
+    def _on_message(self, sender: str, msg: object) -> None:
+        if len(self._inbox) >= self.config.max_inbox_msgs:
+            self._inbox.popleft()
+            self.metrics["inbox_dropped"] += 1
+        self._inbox.append((sender, msg))
+        self._wake.set()
+
+    # --- the loop -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while self._running:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._round()
+            except StoreError as e:
+                self._die(e)
+                return
+
+    def _round(self) -> None:
+        """Feed the core what arrived, then handle Readies until there are none."""
+        core = self.core
+        assert core is not None
+        while self._ticks_due or self._inbox or core.has_ready():
+            ticks, self._ticks_due = self._ticks_due, 0
+            for _ in range(min(ticks, 10)):  # after a stall, do not fire a burst of elections
+                core.tick()
+            for _ in range(min(len(self._inbox), self.config.max_steps_per_round)):
+                sender, msg = self._inbox.popleft()
+                core.step(sender, msg)
+            while core.has_ready():
+                self._handle(core.ready())
+
+    def _handle(self, rd: Ready) -> None:
+        """persist -> send -> apply -> advance (no awaits: the core stays consistent)."""
+        core, store, listener = self.core, self.store, self.listener
+        assert core is not None and self.transport is not None
+        if rd.reset_base is not None:
+            store.reset_to(*rd.reset_base)
+            if listener is not None:
+                listener.on_truncated(rd.reset_base[0] + 1)
+        if rd.truncate_from is not None:
+            store.truncate_from(rd.truncate_from)
+            if listener is not None:
+                listener.on_truncated(rd.truncate_from)
+        if rd.entries:
+            store.append(rd.entries)
+            self.metrics["entries_written"] += len(rd.entries)
+        if rd.hard_state is not None:
+            store.set_hard_state(rd.hard_state)
+        if rd.entries and self.config.flush_disk_type == SYNC_FLUSH:
+            t0 = time.perf_counter()
+            store.flush()
+            self.metrics["fsyncs"] += 1
+            self.metrics["fsync_us_total"] += int((time.perf_counter() - t0) * 1e6)
+        send = self.transport.send
+        for dest, msg in rd.messages:
+            send(dest, msg)
+        if listener is not None:
+            listener.on_ready(rd)
+        core.advance(rd)
+
+    def _die(self, e: BaseException) -> None:
+        log.critical("raft %s: store failure, stopping the node: %s", self.node_id, e)
+        self.fatal = e
+        self._running = False
+        if self.listener is not None:
+            self.listener.on_fatal(e)
+
+    async def _ticker(self) -> None:
+        loop = asyncio.get_running_loop()
+        period = self.config.tick_ms / 1000
+        next_at = loop.time() + period
+        while self._running:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at += period
+            self._ticks_due += 1
+            self._wake.set()
+
+    async def _flusher(self) -> None:
+        """ASYNC_FLUSH: fsync periodically. Both modes: checkpoint the durable mark."""
+        asynchronous = self.config.flush_disk_type == ASYNC_FLUSH
+        period = (self.config.async_flush_interval_ms if asynchronous else self.config.checkpoint_interval_ms) / 1000
+        while self._running:
+            await asyncio.sleep(period)
+            if self.fatal is not None or self.core is None:
+                return
+            try:
+                if asynchronous:
+                    self.store.flush()
+                now = time.monotonic()
+                if now - self._last_checkpoint >= self.config.checkpoint_interval_ms / 1000:
+                    self._last_checkpoint = now
+                    self.store.checkpoint(self.core.commit_index)
+            except StoreError as e:
+                self._die(e)
+                return
+
+    # --- views ------------------------------------------------------------------------------
+    @property
+    def role(self) -> Role:
+        assert self.core is not None
+        return self.core.role
+
+    def status(self) -> dict:
+        core = self.core
+        if core is None:
+            return {"node_id": self.node_id, "state": "stopped"}
+        out = {
+            "node_id": self.node_id, "group": self.group, "term": core.term, "role": core.role.name,
+            "leader": core.leader_id, "commit_index": core.commit_index, "first_index": core.first_index,
+            "last_index": core.last_index, "durable_index": core.durable_index,
+            "needs_catchup_to": core.needs_catchup_to, "fatal": str(self.fatal) if self.fatal else None,
+        }
+        if core.role is Role.LEADER:
+            out["peers"] = {p: {"match_index": core.match_index(p),
+                                "state": (core.peer_state(p).name if core.peer_state(p) else None),
+                                "connected": bool(self.transport and self.transport.is_connected(p))}
+                            for p in core.peers}
+        if self.transport is not None:
+            out["transport"] = dict(self.transport.metrics)
+        return out

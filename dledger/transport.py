@@ -1,0 +1,260 @@
+"""asyncio TCP between the members of one Raft group.
+
+Each node keeps one outbound connection per peer (it only sends on it) and accepts
+inbound connections (it only receives on them). A frame is FRAME_LEN (4 bytes,
+big-endian payload length) + a msgpack payload (dledger.codec). The length is
+checked against `max_frame_bytes` *before* the payload is read, so a hostile or
+broken peer cannot make us allocate gigabytes.
+
+The first frame on a connection is the handshake `["mqstore-raft", version, group,
+sender_id]`; a connection from another group or an unknown id is closed. A frame
+that does not decode closes the connection with a logged error: after garbage the
+framing itself can no longer be trusted.
+
+Sending never blocks the caller: each peer has a bounded queue; when it is full
+the oldest message is dropped (counted in `metrics["dropped_queue_full"]`). Raft
+tolerates loss: pushes time out and are repeated, heartbeats recur. Outbound
+connections reconnect with capped exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import msgpack
+
+from dledger import codec
+from node.store import layout as L
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_MAGIC = "mqstore-raft"
+PROTOCOL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    # Largest frame payload accepted or sent, bytes; checked before reading.
+    max_frame_bytes: int = 64 * 1024 * 1024
+    # Messages queued per peer while its connection is down or slow; oldest dropped beyond.
+    send_queue_max_msgs: int = 8192
+    # Bytes coalesced into one socket write.
+    write_batch_max_bytes: int = 8 * 1024 * 1024
+    # Reconnect backoff: first delay, doubling up to the cap, with +-20 % jitter.
+    reconnect_backoff_min_ms: int = 20
+    reconnect_backoff_max_ms: int = 1000
+    # A connect or handshake that takes longer than this fails.
+    connect_timeout_ms: int = 1000
+    handshake_timeout_ms: int = 2000
+
+    def validate(self) -> None:
+        for name in ("max_frame_bytes", "send_queue_max_msgs", "write_batch_max_bytes",
+                     "reconnect_backoff_min_ms", "reconnect_backoff_max_ms",
+                     "connect_timeout_ms", "handshake_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TransportConfig.{name} must be >= 1")
+        if self.reconnect_backoff_max_ms < self.reconnect_backoff_min_ms:
+            raise ValueError("TransportConfig.reconnect_backoff_max_ms must be >= reconnect_backoff_min_ms")
+
+
+class FrameError(Exception):
+    """A peer broke the framing or handshake; the connection is closed. Remote fault."""
+
+    retriable = False
+    local = False
+
+
+def frame(payload: bytes) -> bytes:
+    return L.FRAME_LEN.pack(len(payload)) + payload
+
+
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    """One frame's payload. The length is checked before the payload is read."""
+    head = await reader.readexactly(L.FRAME_LEN.size)
+    (length,) = L.FRAME_LEN.unpack(head)
+    if length > max_bytes:
+        raise FrameError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
+    return await reader.readexactly(length)
+
+
+class _Peer:
+    """Outbound side for one peer: queue + connection task."""
+
+    def __init__(self, peer_id: str, host: str, port: int, queue_max: int):
+        self.peer_id = peer_id
+        self.host = host
+        self.port = port
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.queue_max = queue_max
+        self.wakeup = asyncio.Event()
+        self.task: asyncio.Task | None = None
+        self.connected = False
+
+
+class Transport:
+    """Frames Raft messages between `self_id` and `peers` ({id: (host, port)})."""
+
+    def __init__(self, self_id: str, group: str, listen: tuple[str, int],
+                 peers: dict[str, tuple[str, int]], on_message: Callable[[str, object], None],
+                 config: TransportConfig | None = None, rng: random.Random | None = None):
+        self.config = config or TransportConfig()
+        self.config.validate()
+        self.self_id = self_id
+        self.group = group
+        self.listen = listen
+        self.on_message = on_message
+        self.rng = rng or random.Random()
+        self._peers = {pid: _Peer(pid, h, p, self.config.send_queue_max_msgs)
+                       for pid, (h, p) in peers.items() if pid != self_id}
+        self._server: asyncio.base_events.Server | None = None
+        self._inbound: set[asyncio.Task] = set()
+        self._closing = False
+        self.metrics = collections.Counter()
+
+    # --- lifecycle ---------------------------------------------------------------------
+    async def start(self) -> None:
+        host, port = self.listen
+        self._server = await asyncio.start_server(self._serve, host, port, limit=1 << 20)
+        for peer in self._peers.values():
+            peer.task = asyncio.create_task(self._sender(peer), name=f"raft-send-{self.self_id}->{peer.peer_id}")
+
+    @property
+    def bound_port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        tasks = [p.task for p in self._peers.values() if p.task] + list(self._inbound)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    # --- sending -----------------------------------------------------------------------
+    def send(self, peer_id: str, msg: object) -> None:
+        """Queue `msg` for `peer_id` (never blocks; drops the oldest when full)."""
+        peer = self._peers.get(peer_id)
+        if peer is None:
+            self.metrics["dropped_unknown_peer"] += 1
+            return
+        payload = codec.encode(msg)
+        if len(payload) > self.config.max_frame_bytes:
+            log.error("raft %s: dropping %s of %d bytes to %s (cap %d)", self.self_id, type(msg).__name__,
+                      len(payload), peer_id, self.config.max_frame_bytes)
+            self.metrics["dropped_too_large"] += 1
+            return
+        if len(peer.queue) >= peer.queue_max:
+            peer.queue.popleft()
+            self.metrics["dropped_queue_full"] += 1
+        peer.queue.append(frame(payload))
+        peer.wakeup.set()
+
+    def is_connected(self, peer_id: str) -> bool:
+        peer = self._peers.get(peer_id)
+        return bool(peer and peer.connected)
+
+    async def _sender(self, peer: _Peer) -> None:
+        """Connect, handshake, drain the queue; on any failure back off and reconnect."""
+        backoff = self.config.reconnect_backoff_min_ms
+        while not self._closing:
+            writer = None
+            try:
+                writer = await self._connect(peer)
+                peer.connected = True
+                backoff = self.config.reconnect_backoff_min_ms
+                await self._drain_queue(peer, writer)
+            except (OSError, asyncio.TimeoutError, ConnectionError) as e:
+                if peer.connected:
+                    log.warning("raft %s: connection to %s lost: %s", self.self_id, peer.peer_id, e)
+                self.metrics["connect_failures"] += 1
+            finally:
+                peer.connected = False
+                if writer is not None:
+                    writer.close()
+            jitter = 1.0 + (self.rng.random() - 0.5) * 0.4
+            await asyncio.sleep(backoff * jitter / 1000)
+            backoff = min(backoff * 2, self.config.reconnect_backoff_max_ms)
+            self.metrics["reconnects"] += 1
+
+    async def _connect(self, peer: _Peer) -> asyncio.StreamWriter:
+        timeout = self.config.connect_timeout_ms / 1000
+        _reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port), timeout)
+        hello = msgpack.packb([HANDSHAKE_MAGIC, PROTOCOL_VERSION, self.group, self.self_id])
+        writer.write(frame(hello))
+        await asyncio.wait_for(writer.drain(), timeout)
+        return writer
+
+    async def _drain_queue(self, peer: _Peer, writer: asyncio.StreamWriter) -> None:
+        cap = self.config.write_batch_max_bytes
+        while True:
+            if not peer.queue:
+                peer.wakeup.clear()
+                await peer.wakeup.wait()
+            batch, size = [], 0
+            while peer.queue and (not batch or size + len(peer.queue[0]) <= cap):
+                f = peer.queue.popleft()
+                batch.append(f)
+                size += len(f)
+            writer.write(b"".join(batch))
+            self.metrics["frames_sent"] += len(batch)
+            await writer.drain()
+
+    # --- receiving -----------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._inbound.add(task)
+        addr = writer.get_extra_info("peername")
+        try:
+            sender = await self._handshake(reader)
+            await self._receive(sender, reader)
+        except FrameError as e:
+            log.error("raft %s: closing connection from %s: %s", self.self_id, addr, e)
+            self.metrics["bad_frames"] += 1
+        except codec.CodecError as e:
+            log.error("raft %s: closing connection from %s: undecodable frame: %s", self.self_id, addr, e)
+            self.metrics["bad_frames"] += 1
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.TimeoutError):
+            pass  # the peer went away; it will reconnect
+        except asyncio.CancelledError:
+            # stop() cancels readers; finishing normally keeps asyncio's stream callback quiet.
+            if not self._closing:
+                raise
+        finally:
+            self._inbound.discard(task)
+            writer.close()
+
+    async def _handshake(self, reader: asyncio.StreamReader) -> str:
+        timeout = self.config.handshake_timeout_ms / 1000
+        payload = await asyncio.wait_for(read_frame(reader, 1024), timeout)
+        try:
+            hello = msgpack.unpackb(payload, raw=False)
+        except (ValueError, msgpack.UnpackException) as e:
+            raise FrameError(f"bad handshake: {e}") from e
+        if not (isinstance(hello, list) and len(hello) == 4 and hello[0] == HANDSHAKE_MAGIC):
+            raise FrameError(f"bad handshake {hello!r:.100}")
+        _magic, version, group, sender = hello
+        if version != PROTOCOL_VERSION:
+            raise FrameError(f"protocol version {version}, we speak {PROTOCOL_VERSION}")
+        if group != self.group:
+            raise FrameError(f"peer of group {group!r}, we are {self.group!r}")
+        if sender not in self._peers:
+            raise FrameError(f"unknown peer {sender!r}")
+        return sender
+
+    async def _receive(self, sender: str, reader: asyncio.StreamReader) -> None:
+        cap = self.config.max_frame_bytes
+        while True:
+            payload = await read_frame(reader, cap)
+            msg = codec.decode(payload)
+            self.metrics["frames_received"] += 1
+            self.on_message(sender, msg)

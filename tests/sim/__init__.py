@@ -1,0 +1,1 @@
+"""Deterministic simulation of a DLedger Raft group: one seed drives it all."""

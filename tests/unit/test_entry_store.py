@@ -1,0 +1,246 @@
+"""EntryStore: placement with blanks, crash recovery, bit flips, durable truncation, reset.
+
+Method: real files through FaultyFileSystem, whose crash() loses every write not
+followed by an fsync (torn=True keeps a random prefix of the newest one). Small
+segment sizes so a few entries cross file ends.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from dledger.entry_store import EntryStore, INDEX_SIZE, place_entry
+from dledger.messages import Entry, EntryType, HardState
+from node.store import layout as L
+from node.store.errors import StoreFatal
+from node.store.fileio import FaultyFileSystem
+from node.store.message import MessageDraft, encode_record
+
+SEG = 4096
+IDX_SEG = INDEX_SIZE * 16
+
+
+def open_store(fs, root, seg=SEG) -> EntryStore:
+    s = EntryStore(fs, str(root), "n0", data_segment_size=seg, index_segment_size=IDX_SEG)
+    s.recover()
+    return s
+
+
+def reopen(s: EntryStore, fs, root):
+    s.close()
+    s2 = EntryStore(fs, str(root), "n0", data_segment_size=s.segment_size, index_segment_size=IDX_SEG)
+    return s2, s2.recover()
+
+
+def mk(first: int, n: int, term: int = 1, size: int = 300, rng=None) -> list[Entry]:
+    out = []
+    for i in range(first, first + n):
+        body_size = rng.randrange(0, size) if rng else size
+        out.append(Entry(i, term, EntryType.NORMAL, bytes([i % 251]) * body_size))
+    return out
+
+
+def test_place_entry_rule():
+    assert place_entry(0, 100, 1000) == 0
+    assert place_entry(892, 100, 1000) == 892      # 100 + 8 == 108 left: fits
+    assert place_entry(893, 100, 1000) == 1000     # 107 left: blank + roll
+    assert place_entry(1000, 100, 1000) == 1000
+
+
+def test_roll_writes_blank_and_reads_back(tmp_path):
+    fs = FaultyFileSystem(0)
+    s = open_store(fs, tmp_path)
+    ents = mk(1, 40)
+    pos = s.append(ents)
+    end = 0
+    for e, p in zip(ents, pos):
+        assert p == place_entry(end, 48 + len(e.body), SEG)
+        end = p + 48 + len(e.body)
+    rolled = [p for p in pos if p % SEG == 0 and p > 0]
+    assert rolled, "expected at least one roll"
+    before = s.read_body(rolled[0] - 1, 1)
+    blank_at = max(q + 48 + 300 for q in pos if q < rolled[0])
+    assert L.ENTRY_BLANK.unpack(s.read_body(blank_at, 8)) == (L.ENTRY_MAGIC_BLANK, rolled[0] - blank_at)
+    assert before == b"\x00"
+    s.flush()
+    s, rep = reopen(s, fs, tmp_path)
+    assert rep.last_index == 40 and rep.cut_at_index is None
+    assert s.entries(1, 41, 1 << 30) == ents
+    assert s.entries(5, 41, 700) == ents[4:6]        # byte budget, at least one entry
+    assert s.entry_at(17).pos == pos[16]
+    assert s.term(0) == 0 and s.term(40) == 1
+    assert s.read_entry(pos[3]).body == ents[3].body
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_recovery_after_torn_crash(tmp_path, seed):
+    rng = random.Random(seed)
+    fs = FaultyFileSystem(seed)
+    s = open_store(fs, tmp_path)
+    written, flushed, idx, term = [], 0, 1, 1
+    for _ in range(rng.randrange(1, 12)):
+        if rng.random() < 0.2:
+            term += 1
+        batch = mk(idx, rng.randrange(1, 15), term, size=900, rng=rng)
+        s.append(batch)
+        written.extend(batch)
+        idx += len(batch)
+        if rng.random() < 0.4:
+            flushed = s.flush()
+            s.checkpoint(flushed)
+    fs.crash(torn=True)
+    s, rep = reopen(s, fs, tmp_path)
+    assert flushed <= rep.last_index <= len(written)
+    assert not rep.lost_durable and s.meta.needs_catchup_to is None
+    assert s.entries(1, rep.last_index + 1, 1 << 30) == written[:rep.last_index] if rep.last_index else True
+    # The store keeps working: append after the cut, crash again, recover.
+    more = mk(rep.last_index + 1, 5, term + 1)
+    s.append(more)
+    s.flush()
+    fs.crash(torn=True)
+    s, rep2 = reopen(s, fs, tmp_path)
+    assert rep2.last_index == rep.last_index + 5 and rep2.cut_at_index is None
+    assert s.entries(rep.last_index + 1, rep2.last_index + 1, 1 << 30) == more
+    s.close()
+
+
+def test_bit_flip_in_old_entry_cuts_and_needs_catchup(tmp_path, caplog):
+    fs = FaultyFileSystem(1)
+    s = open_store(fs, tmp_path)
+    pos = s.append(mk(1, 30))
+    s.flush()
+    s.checkpoint(30)
+    s.close()
+    path = os.path.join(s.data.directory, f"{0:020d}")
+    with open(path, "r+b") as f:
+        f.seek(pos[9] + 48 + 5)
+        b = f.read(1)
+        f.seek(pos[9] + 48 + 5)
+        f.write(bytes([b[0] ^ 0x10]))
+    s2 = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG)
+    rep = s2.recover()
+    assert rep.cut_at_index == 10 and rep.last_index == 9 and rep.lost_durable
+    assert rep.needs_catchup_to == 30
+    assert s2.initial_state() == HardState(0, None, 30)
+    assert "needs_catchup_to=30" in caplog.text
+    # The cut is durable and the mark persists across another reopen.
+    s3, rep3 = reopen(s2, fs, tmp_path)
+    assert rep3.last_index == 9 and rep3.cut_at_index is None
+    assert s3.initial_state().needs_catchup_to == 30
+    s3.close()
+
+
+def test_truncation_is_durable_across_crash(tmp_path):
+    fs = FaultyFileSystem(2)
+    s = open_store(fs, tmp_path)
+    s.append(mk(1, 30, term=1))
+    s.flush()
+    s.truncate_from(12)                  # durable before it returns
+    assert s.last_index() == 11
+    s.append(mk(12, 3, term=2))          # not flushed
+    fs.crash(torn=False)
+    s, rep = reopen(s, fs, tmp_path)
+    assert rep.last_index == 11, "the truncated tail must not come back (RocketMQ #10666)"
+    assert s.term(11) == 1
+    # index file agrees
+    assert s.entry_at(11).index == 11
+    with pytest.raises(KeyError):
+        s.entry_at(12)
+    s.close()
+
+
+def test_truncate_removes_blank_and_later_files(tmp_path):
+    fs = FaultyFileSystem(3)
+    s = open_store(fs, tmp_path)
+    pos = s.append(mk(1, 30))
+    first_in_2nd = next(i for i, p in enumerate(pos) if p >= SEG) + 1
+    s.truncate_from(first_in_2nd)
+    assert s.end_pos == pos[first_in_2nd - 2] + 348
+    small = [Entry(first_in_2nd, 2, EntryType.NOOP, b"")]
+    assert s.append(small) == [s.end_pos - 48]          # fits where the blank was
+    s.flush()
+    s, rep = reopen(s, fs, tmp_path)
+    assert rep.last_index == first_in_2nd and rep.cut_at_index is None
+    s.close()
+
+
+def test_reset_to(tmp_path):
+    fs = FaultyFileSystem(4)
+    s = open_store(fs, tmp_path)
+    s.append(mk(1, 10))
+    s.flush()
+    s.reset_to(100, 7, base_pos=5 * SEG)
+    assert (s.first_index(), s.last_index(), s.term(100)) == (101, 100, 7)
+    s.append(mk(101, 3, term=7))
+    s.flush()
+    s, rep = reopen(s, fs, tmp_path)
+    assert (rep.first_index, rep.last_index) == (101, 103)
+    assert s.entry_at(101).pos == 5 * SEG
+    assert sorted(os.listdir(s.data.directory)) == [f"{5 * SEG:020d}"]
+    s.close()
+
+
+def test_reset_without_pos_learns_it_from_the_record(tmp_path):
+    fs = FaultyFileSystem(5)
+    s = open_store(fs, tmp_path)
+    s.reset_to(50, 3)
+    d = MessageDraft("T", 0, b"hello", {}).seal()
+    body = encode_record(d, 0, 7 * SEG + 48, 1, b"\x7f\x00\x00\x01", 1)
+    assert s.append([Entry(51, 3, EntryType.NORMAL, body)]) == [7 * SEG]
+
+
+def test_record_offset_mismatch_is_fatal(tmp_path):
+    s = open_store(FaultyFileSystem(6), tmp_path)
+    d = MessageDraft("T", 0, b"hello", {}).seal()
+    body = encode_record(d, 0, 999, 1, b"\x7f\x00\x00\x01", 1)
+    with pytest.raises(StoreFatal, match="segment size"):
+        s.append([Entry(1, 1, EntryType.NORMAL, body)])
+
+
+def test_index_file_damage_is_rebuilt(tmp_path):
+    fs = FaultyFileSystem(7)
+    s = open_store(fs, tmp_path)
+    ents = mk(1, 40)
+    s.append(ents)
+    s.flush()
+    s.close()
+    idx_dir = s.index.directory
+    with open(os.path.join(idx_dir, f"{0:020d}"), "r+b") as f:
+        f.seek(5 * INDEX_SIZE + 3)
+        f.write(b"\xff")
+    s2 = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG)
+    rep = s2.recover()
+    assert rep.index_rebuilt_from == 5 and rep.last_index == 40
+    for i in range(1, 41):
+        assert s2.entry_at(i).index == i
+    s2._cache.clear()
+    s2._cache_pos.clear()
+    assert s2.entries(1, 41, 1 << 30) == ents
+    s2.close()
+
+
+def test_hard_state_persists(tmp_path):
+    fs = FaultyFileSystem(8)
+    s = open_store(fs, tmp_path)
+    s.set_hard_state(HardState(4, "n2", None))
+    fs.crash()
+    s, _ = reopen(s, fs, tmp_path)
+    assert s.initial_state() == HardState(4, "n2", None)
+
+
+def test_missing_index_file_in_the_middle_rebuilds_all(tmp_path):
+    fs = FaultyFileSystem(9)
+    s = open_store(fs, tmp_path)
+    ents = mk(1, 40)
+    s.append(ents)
+    s.flush()
+    s.close()
+    os.remove(os.path.join(s.index.directory, f"{IDX_SEG:020d}"))
+    s2 = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG)
+    rep = s2.recover()
+    assert rep.index_rebuilt_from == 1 and rep.last_index == 40
+    assert [s2.entry_at(i).index for i in range(1, 41)] == list(range(1, 41))
+    s2.close()
