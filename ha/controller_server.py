@@ -1,0 +1,348 @@
+"""`mqstore controller`: the controller process, and the broker-side `ControllerClient`.
+
+Process: aiohttp HTTP API (default 9876) in front of a `ControllerStateMachine`
+(pysyncobj, default Raft port 9878). pysyncobj runs its own ticker thread; the HTTP
+handlers read snapshots under the state machine's lock and propose ops through
+pysyncobj's callback, bridged back into the event loop.
+
+    GET  /health                       {status, mode: "controller", role, raft, leader_api}
+    GET  /metadata                     the whole replicated state + raft status
+    GET  /groups                       every group's master, epoch, SyncStateSet, brokers
+    GET  /groups/{group}/sync-state-set
+    POST /groups/{group}/elect-master  {broker_id}          manual electMaster (leader only)
+    POST /topics                       {topic, queues, perm?, groups?}
+    GET  /routes/{topic}               TopicRouteData
+    POST /brokers/heartbeat            BrokerHeartbeat fields -> role/master/epoch/SSS/topics
+
+Heartbeats are not replicated: every controller records them locally (brokers beat all
+controllers), and only the Raft leader, after holding leadership for one heartbeat
+timeout (so its liveness table is warm), turns them into decisions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import fields
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+import msgpack
+from aiohttp import web
+
+from node.store.errors import StoreError
+from ha.controller import (BrokerHeartbeat, ControllerStateMachine, DecisionKind, ElectOptions, Liveness,
+                           assign_queues, elect, group_view, heartbeat_reply, ops_for_heartbeat, plan_ops,
+                           route_of)
+
+log = logging.getLogger(__name__)
+
+MSGPACK = "application/x-msgpack"
+APPLY_TIMEOUT_S = 5.0
+TICK_S = 0.2
+MAX_BODY_BYTES = 1 << 20
+
+
+def _mono_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+async def _body(request: web.Request) -> dict:
+    raw = await request.read()
+    if not raw:
+        return {}
+    obj = msgpack.unpackb(raw, raw=False) if request.content_type == MSGPACK else json.loads(raw)
+    if not isinstance(obj, dict):
+        raise web.HTTPBadRequest(text="body must be an object")
+    return obj
+
+
+def _reply(request: web.Request, obj: Any, status: int = 200) -> web.Response:
+    if MSGPACK in request.headers.get("Accept", ""):
+        return web.Response(body=msgpack.packb(obj, use_bin_type=True), status=status, content_type=MSGPACK)
+    return web.json_response(obj, status=status)
+
+
+def _error(request: web.Request, status: int, code: str, message: str, retriable: bool = False,
+           leader: str | None = None) -> web.Response:
+    return _reply(request, {"error": code, "message": message, "retriable": retriable, "leader": leader}, status)
+
+
+class Controller:
+    """One controller process: state machine + liveness + the leader's decision loop."""
+
+    def __init__(self, sm: ControllerStateMachine, opts: ElectOptions, api_of_raft: dict[str, str]):
+        self.sm = sm
+        self.opts = opts
+        self.api_of_raft = api_of_raft     # Raft address -> API address, for leader hints
+        self.live = Liveness()
+        self._leader_since_ms: int | None = None
+        self._inflight: set[str] = set()   # ops proposed and not yet answered (no duplicate proposals)
+        self._tick_task: asyncio.Task | None = None
+
+    # --- proposing through pysyncobj ----------------------------------------------------------
+    async def propose(self, op: dict) -> bool:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future = loop.create_future()
+
+        def done(result, error):   # pysyncobj's thread
+            loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result((result, error)))
+
+        self.sm.apply(op, callback=done)
+        result, error = await asyncio.wait_for(fut, APPLY_TIMEOUT_S)
+        if error != 0:
+            raise RuntimeError(f"controller op {op['op']} failed (pysyncobj error {error})")
+        return bool(result)
+
+    def propose_once(self, op: dict) -> None:
+        """Fire-and-forget proposal, deduplicated while in flight (heartbeat-driven registration)."""
+        key = repr(sorted(op.items()))
+        if key in self._inflight or len(self._inflight) >= 1000:
+            return
+        self._inflight.add(key)
+
+        async def run() -> None:
+            try:
+                await self.propose(op)
+            except (RuntimeError, asyncio.TimeoutError) as e:
+                log.info("controller: proposal %s not applied: %s", op["op"], e)
+            finally:
+                self._inflight.discard(key)
+        asyncio.get_running_loop().create_task(run())
+
+    def leader_api(self) -> str | None:
+        raft = self.sm.leader_raft_addr()
+        return self.api_of_raft.get(raft) if raft else None
+
+    # --- the leader's loop --------------------------------------------------------------------
+    async def run_ticks(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            now = _mono_ms()
+            if not self.sm.is_leader() or not self.sm.isReady():
+                self._leader_since_ms = None
+                continue
+            if self._leader_since_ms is None:
+                self._leader_since_ms = now
+                log.info("controller: became Raft leader; deciding after %d ms", self.opts.heartbeat_timeout_ms)
+            if now - self._leader_since_ms < self.opts.heartbeat_timeout_ms:
+                continue   # let brokers' beats reach us before judging anyone dead
+            for op in plan_ops(self.sm.snapshot(), self.live, now, self.opts):
+                self.propose_once(op)
+
+    # --- HTTP ---------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metadata", self.metadata)
+        app.router.add_get("/groups", self.groups)
+        app.router.add_get("/groups/{group}/sync-state-set", self.sync_state_set)
+        app.router.add_post("/groups/{group}/elect-master", self.elect_master)
+        app.router.add_post("/topics", self.create_topic)
+        app.router.add_get("/routes/{topic}", self.route)
+        app.router.add_post("/brokers/heartbeat", self.heartbeat)
+        return app
+
+    async def health(self, request: web.Request) -> web.Response:
+        return _reply(request, {"status": "ok", "mode": "controller",
+                                "role": "LEADER" if self.sm.is_leader() else "FOLLOWER",
+                                "ready": self.sm.isReady(), "leader": self.leader_api(), "raft": self.sm.raft_status()})
+
+    async def metadata(self, request: web.Request) -> web.Response:
+        return _reply(request, {"state": self.sm.snapshot(), "raft": self.sm.raft_status(),
+                                "leader": self.leader_api()})
+
+    async def groups(self, request: web.Request) -> web.Response:
+        st = self.sm.snapshot()
+        return _reply(request, {"groups": [group_view(g) for _, g in sorted(st["groups"].items())]})
+
+    async def sync_state_set(self, request: web.Request) -> web.Response:
+        g = self.sm.snapshot()["groups"].get(request.match_info["group"])
+        if g is None:
+            return _error(request, 404, "GROUP_NOT_FOUND", f"no group {request.match_info['group']}")
+        return _reply(request, {"broker_name": g["name"], "master_id": g["master_id"],
+                                "master_epoch": g["master_epoch"], "sync_state_set": g["sss"],
+                                "sss_epoch": g["sss_epoch"]})
+
+    async def elect_master(self, request: web.Request) -> web.Response:
+        if not self.sm.is_leader():
+            return _error(request, 421, "NOT_LEADER", "electMaster runs on the leader controller", True,
+                          self.leader_api())
+        name = request.match_info["group"]
+        body = await _body(request)
+        g = self.sm.snapshot()["groups"].get(name)
+        if g is None:
+            return _error(request, 404, "GROUP_NOT_FOUND", f"no group {name}")
+        broker = body.get("broker_id")
+        d = elect(g, self.live.of(name), _mono_ms(), self.opts,
+                  force_broker=int(broker) if broker is not None else None)
+        if d.kind is not DecisionKind.NEW_MASTER:
+            return _error(request, 409, "ELECT_MASTER_FAILED", d.reason or d.kind.value)
+        await self.propose(d.to_op())
+        return _reply(request, {"broker_name": name, "master_id": d.master_id, "master_addr": d.master_addr,
+                                "master_epoch": d.epoch, "sync_state_set": sorted(d.sync_state_set)})
+
+    async def create_topic(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        topic, queues = body.get("topic"), body.get("queues", 8)
+        if not isinstance(topic, str) or not topic or not isinstance(queues, int) or queues <= 0:
+            return _error(request, 400, "INVALID_TOPIC", "need {topic: str, queues: int > 0}")
+        st = self.sm.snapshot()
+        groups = body.get("groups") or sorted(st["groups"])
+        if not groups:
+            return _error(request, 409, "NO_BROKER_GROUP", "no broker group has registered yet", True)
+        version = st["topics"].get(topic, {}).get("version", 0) + 1
+        op = {"op": "create_topic", "topic": topic, "queues": queues, "perm": int(body.get("perm", 6)),
+              "assign": assign_queues(queues, list(groups)), "version": version}
+        await self.propose(op)
+        return _reply(request, route_of(self.sm.snapshot(), topic), 201)
+
+    async def route(self, request: web.Request) -> web.Response:
+        r = route_of(self.sm.snapshot(), request.match_info["topic"])
+        if r is None:
+            return _error(request, 404, "TOPIC_NOT_EXIST", f"no route for topic {request.match_info['topic']}")
+        return _reply(request, r)
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        body = await _body(request)
+        names = {f.name for f in fields(BrokerHeartbeat)} - {"last_seen_ms"}
+        try:
+            kw = {k: v for k, v in body.items() if k in names}
+            kw["in_sync"] = tuple(int(b) for b in kw.get("in_sync", ()))
+            hb = BrokerHeartbeat(**kw, last_seen_ms=_mono_ms())
+        except (TypeError, ValueError) as e:
+            return _error(request, 400, "BAD_HEARTBEAT", str(e))
+        if not self.live.record(hb):
+            return _error(request, 503, "TOO_MANY_BROKERS", "liveness table full", True)
+        st = self.sm.snapshot()
+        for op in ops_for_heartbeat(st, hb):
+            self.propose_once(op)
+        reply = heartbeat_reply(st, hb.group, hb.broker_id)
+        reply.update(controller_leader=self.sm.is_leader(), leader=self.leader_api())
+        return _reply(request, reply)
+
+
+# ===================================================================================
+# Process entry point
+# ===================================================================================
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mqstore controller", description="mqstore controller (pysyncobj)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind and advertise")
+    p.add_argument("--port", type=int, default=9876, help="HTTP API port")
+    p.add_argument("--raft-port", type=int, default=9878, help="pysyncobj port")
+    p.add_argument("--peers", default="", help="other controllers' Raft addresses host:port, comma-separated")
+    p.add_argument("--peer-apis", default="", help="their API addresses, same order (for leader hints)")
+    p.add_argument("--data-dir", required=True, help="journal and the fsynced controller-state.json")
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=3000, help="master lost after this silence")
+    p.add_argument("--unclean-election", action="store_true", help="elect outside the SyncStateSet (may lose data)")
+    p.add_argument("--log-level", default="INFO")
+    return p.parse_args(argv)
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
+    peers = [x for x in args.peers.split(",") if x]
+    apis = [x for x in args.peer_apis.split(",") if x]
+    self_raft = f"{args.host}:{args.raft_port}"
+    api_of_raft = dict(zip(peers, apis))
+    api_of_raft[self_raft] = f"{args.host}:{args.port}"
+    opts = ElectOptions(heartbeat_timeout_ms=args.heartbeat_timeout_ms, unclean=args.unclean_election)
+    opts.validate()
+    sm = ControllerStateMachine(self_raft, peers, args.data_dir)
+    ctl = Controller(sm, opts, api_of_raft)
+    runner = web.AppRunner(ctl.app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
+    log.info("controller serving API %s:%d, raft %s, peers %s", args.host, args.port, self_raft, peers)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    ticks = loop.create_task(ctl.run_ticks())
+    await stop.wait()
+    ticks.cancel()
+    await runner.cleanup()
+    sm.destroy()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(serve(args))
+
+
+# ===================================================================================
+# Broker side
+# ===================================================================================
+
+class ControllerClient:
+    """Heartbeats every controller about once a second and acts on the freshest answer.
+
+    `beat()` builds the heartbeat body; `on_reply(reply)` applies it (HALog.on_controller_reply,
+    plus topic updates for the broker). Replies are ranked by epoch, the leader's first, so a
+    lagging follower controller cannot move the broker backwards.
+    """
+
+    def __init__(self, controller_addrs: list[str], beat: Callable[[], dict],
+                 on_reply: Callable[[dict], Awaitable[None]], interval_s: float = 1.0, timeout_s: float = 0.8):
+        assert controller_addrs
+        self.addrs = controller_addrs
+        self.beat = beat
+        self.on_reply = on_reply
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.last_reply: dict | None = None
+        self.failures = 0
+        self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="controller-heartbeat")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+
+    async def _post(self, addr: str, body: dict) -> dict | None:
+        assert self._session is not None
+        try:
+            async with self._session.post(f"http://{addr}/brokers/heartbeat", json=body) as resp:
+                return await resp.json() if resp.status == 200 else None
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            return None
+
+    async def beat_once(self) -> dict | None:
+        body = self.beat()
+        replies = [r for r in await asyncio.gather(*(self._post(a, body) for a in self.addrs)) if r]
+        if not replies:
+            self.failures += 1
+            return None
+        best = max(replies, key=lambda r: (int(r.get("epoch") or 0), bool(r.get("controller_leader"))))
+        self.last_reply = best
+        await self.on_reply(best)
+        return best
+
+    async def _run(self) -> None:
+        while True:
+            t0 = time.monotonic()
+            try:
+                await self.beat_once()
+            except (RuntimeError, OSError, StoreError) as e:   # a failed role change is retried on the next beat
+                log.warning("controller client: heartbeat handling failed: %r", e)
+            # Small jitter so a group's brokers do not beat in lockstep.
+            await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - t0)) * random.uniform(0.9, 1.1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,578 @@
+"""`HALog`: the ReplicatedLog of classic master/slave mode (mode "classic").
+
+It composes a `LocalLog` (the local write path: commitlog, recovery, flush policy, group
+commit) and adds the replication rule on top:
+
+- MASTER: appends go through LocalLog; ASYNC_MASTER acks at once, SYNC_MASTER waits for a
+  slave ack past the batch end (FLUSH_SLAVE_TIMEOUT after 5 s; SLAVE_NOT_AVAILABLE at once
+  when no slave is within 256 MiB). committed = LocalLog's committed (written, or flushed
+  under SYNC_FLUSH): consumers of a master see a message once it is stored locally, as in
+  RocketMQ's classic mode; see `status()["sync_master"]`.
+- SLAVE: `append` raises NotLeader(leader=master API address). Pushed bytes are appended raw
+  at exactly their offset; committed = the end of the last complete record received (and
+  fsynced under SYNC_FLUSH), so the slave's dispatcher builds its own consume queues and
+  never sees half a record.
+- Role changes (controller): slave -> master drops any half-received record, appends
+  <epoch, max offset> to the epoch file, then accepts writes; master -> slave stops writes
+  at once, then the HA client reconciles with the new master's epochs and truncates
+  durably (commitlog zeroed + fsynced, epoch file rewritten atomically, queue offsets
+  rewound, truncate listeners told) before it reports any offset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from ha.epoch import EpochEntry, EpochFile, find_consistent_point, with_ends
+from ha.protocol import HAProtocolError
+from ha.replication import HAServiceCore, HATimings, PushVerdict, WaitState
+from ha.shell import HAClient, HAService, now_ms
+from node.local_log import SYNC_FLUSH, LocalLog, LocalLogConfig
+from node.replicated_log import PutResult, PutStatus, ScanBatch
+from node.store import layout as L
+from node.store.errors import CorruptRecord, NotLeader, StoreFatal
+from node.store.fileio import FileSystem
+from node.store.message import MessageDraft
+
+log = logging.getLogger(__name__)
+
+MASTER = "MASTER"
+SLAVE = "SLAVE"
+_MAX_RECORDS_PER_ADVANCE = 100_000      # boundary tracking work per call; the rest waits for the next batch
+_TRUNCATE_SCAN_BYTES = 4 * 1024 * 1024  # chunk when reading a tail about to be truncated
+
+
+@dataclass(frozen=True, slots=True)
+class HALogConfig:
+    broker_id: int = 0                      # brokerId; the slave announces it in the HA handshake
+    initial_role: str = MASTER              # MASTER | SLAVE (brokerRole); with a controller: SLAVE until told
+    sync_master: bool = False               # SYNC_MASTER rule while this broker is master
+    controller_mode: bool = False           # roles come from the controller (controllerAddr set)
+    ha_listen_host: str = "0.0.0.0"
+    ha_listen_port: int = 10912             # haListenPort (0 = any free port, for tests)
+    ha_master_address: str = ""             # haMasterAddress: static slave's master HA host:port
+    master_api_address: str | None = None   # static slave: the master's API address (NotLeader hint)
+    self_api_address: str = ""              # this broker's API host:port (leader() when master)
+    self_ha_address: str = ""               # this broker's advertised HA host:port (for the controller)
+    election_priority: int = 0              # lower is preferred by the controller
+    all_ack_in_sync_state_set: bool = False  # allAckInSyncStateSet
+    min_in_sync_replicas: int = 1           # minInSyncReplicas (with all_ack_in_sync_state_set)
+    controller_addrs: tuple[str, ...] = ()  # controllerAddr: heartbeat these (roles then come from them)
+    group: str = ""                         # brokerName, as the controller knows the group
+    timings: HATimings = field(default_factory=HATimings)
+
+    def validate(self) -> None:
+        if self.initial_role not in (MASTER, SLAVE):
+            raise ValueError(f"HALogConfig.initial_role must be MASTER or SLAVE, got {self.initial_role!r}")
+        if self.initial_role == SLAVE and not self.controller_mode and not self.ha_master_address:
+            raise ValueError("HALogConfig.ha_master_address is required for a slave without a controller")
+        if self.min_in_sync_replicas < 1:
+            raise ValueError("HALogConfig.min_in_sync_replicas must be >= 1")
+        self.timings.validate()
+
+
+class _Signal:
+    """One shared future per generation: waiters do not grow memory, `fire` wakes them all."""
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future | None = None
+
+    def fire(self) -> None:
+        fut, self._fut = self._fut, None
+        if fut is not None and not fut.done():
+            fut.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        if self._fut is None:
+            self._fut = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._fut), max(0.0, timeout_s))
+        except asyncio.TimeoutError:
+            pass
+
+
+class HALog:
+    """Classic HA ReplicatedLog over a LocalLog in `<store_root>/commitlog/`."""
+
+    mode = "classic"
+
+    def __init__(self, fs: FileSystem, store_root: str, local_config: LocalLogConfig, config: HALogConfig,
+                 checkpoint_committed_offset: int | None = None):
+        config.validate()
+        self.cfg = config
+        self.fs = fs
+        self.local = LocalLog(fs, store_root, local_config, checkpoint_committed_offset)
+        self.commitlog = self.local.commitlog
+        self.segment_size = self.commitlog.segment_size
+        self.epochs = EpochFile(fs, store_root)
+        self.core = HAServiceCore(master_id=config.broker_id, timings=config.timings,
+                                  all_ack_in_sync_state_set=config.all_ack_in_sync_state_set,
+                                  min_in_sync_replicas=config.min_in_sync_replicas)
+        self._role = SLAVE if config.controller_mode else config.initial_role
+        self._accepting = False
+        self.epoch = 0                          # master epoch we last acted on (controller mode)
+        self._master_api = config.master_api_address
+        self.service: HAService | None = None
+        self.client: HAClient | None = None
+        self._boundary = 0                      # slave: end of the last complete record received
+        self._slave_committed = 0               # slave: committed position (boundary, flushed if SYNC_FLUSH)
+        self._pending_epochs: list[EpochEntry] = []   # slave: master epochs whose bytes have not arrived yet
+        self._acks = _Signal()                  # fired on every slave report (SYNC_MASTER waiters)
+        self._grown = _Signal()                 # fired when the slave's committed position grows
+        self._role_lock = asyncio.Lock()
+        self.truncate_listeners: list[Callable[[int], None]] = []   # e.g. consume queues, index
+        self.controller_client = None           # ha.controller_server.ControllerClient when controller_addrs
+        self._started = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.local.start()
+        self.epochs.load()
+        # A crash between a commitlog truncation and the epoch file's rewrite leaves epochs past the end.
+        self.epochs.drop_beyond(self.commitlog.max_offset)
+        self.epoch = self.epochs.last_epoch
+        self._boundary = self._slave_committed = self.commitlog.max_offset
+        self._started = True
+        if self._role == MASTER:
+            await self._start_master()
+        elif self.cfg.ha_master_address and not self.cfg.controller_mode:
+            self._start_client(self.cfg.ha_master_address)
+        if self.cfg.controller_addrs:
+            from ha.controller_server import ControllerClient   # aiohttp client: only with a controller
+            self.controller_client = ControllerClient(list(self.cfg.controller_addrs),
+                                                      lambda: self.controller_heartbeat(self.cfg.group),
+                                                      self.on_controller_reply)
+            self.controller_client.start()
+        log.info("HA log started as %s", self._role, extra={"max_offset": self.commitlog.max_offset,
+                                                           "epoch": self.epochs.last_epoch})
+
+    async def stop(self) -> None:
+        self._accepting = False
+        if self.controller_client is not None:
+            await self.controller_client.stop()
+            self.controller_client = None
+        await self._stop_service()
+        await self._stop_client()
+        await self.local.stop()
+        self._started = False
+
+    @property
+    def fatal(self) -> StoreFatal | None:
+        return self.local.fatal
+
+    def role(self) -> str:
+        return self._role
+
+    def leader(self) -> str | None:
+        return (self.cfg.self_api_address or None) if self._role == MASTER else self._master_api
+
+    def status(self) -> dict:
+        st = dict(self.local.status())
+        st.update(mode=self.mode, role=self._role, committed_offset=self.committed_position,
+                  accepting_writes=self._accepting and st.get("accepting_writes", False),
+                  sync_master=self.cfg.sync_master, master_epoch=self.epoch, epochs=self._epoch_pairs(),
+                  leader=self.leader(), ha_slave_ack_offset=self.core.best_ack())
+        if self._role == MASTER and self.core.slaves:
+            st["ha_lag_bytes"] = self.commitlog.max_offset - self.core.best_ack()
+        if self.service is not None:
+            st["ha_connections"] = self.service.status()
+        if self.client is not None:
+            st["ha_client"] = self.client.status()
+        return st
+
+    def _epoch_pairs(self) -> list[tuple[int, int]]:
+        return [(e.epoch, e.start_offset) for e in self.epochs.entries]
+
+    # --- master: append ------------------------------------------------------------------------
+    async def append(self, drafts: Sequence[MessageDraft]) -> list[PutResult]:
+        if self._role != MASTER or not self._accepting:
+            raise NotLeader(f"broker {self.cfg.broker_id} is a {self._role.lower()}, not accepting writes",
+                            leader=self.leader() if self._role != MASTER else None)
+        results = await self.local.append(drafts)
+        if self.service is not None:
+            self.service.notify_append()
+        if not self.cfg.sync_master or not results:
+            return results
+        end = max(r.physical_offset + r.size for r in results)
+        status = await self._wait_slaves(end)
+        return [dataclasses.replace(r, status=status) if r.status is PutStatus.SEND_OK else r for r in results]
+
+    async def _wait_slaves(self, end: int) -> PutStatus:
+        """SYNC_MASTER: wait (bounded by the slave ack timeout) for a slave ack past `end`."""
+        ticket = self.core.begin(end, now_ms())
+        deadline = time.monotonic() + self.cfg.timings.slave_ack_timeout_ms / 1000
+        while ticket.state is WaitState.WAITING:
+            await self._acks.wait(deadline - time.monotonic())
+            self.core.check(ticket, now_ms())
+        if ticket.state is not WaitState.ACKED:
+            log.warning("SYNC_MASTER: %s for end offset %d (best slave ack %d)", ticket.state.value, end,
+                        self.core.best_ack())
+        return {WaitState.ACKED: PutStatus.SEND_OK, WaitState.FLUSH_SLAVE_TIMEOUT: PutStatus.FLUSH_SLAVE_TIMEOUT,
+                WaitState.SLAVE_NOT_AVAILABLE: PutStatus.SLAVE_NOT_AVAILABLE}[ticket.state]
+
+    # --- MasterSource (for HAService) ---------------------------------------------------------
+    def ha_max_offset(self) -> int:
+        return self.commitlog.max_offset
+
+    def ha_min_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    def ha_read(self, offset: int, size: int) -> bytes:
+        return self.commitlog.files.read(offset, size)
+
+    def ha_epochs(self) -> list[tuple[int, int]]:
+        return self._epoch_pairs()
+
+    # --- SlaveSink (for HAClient) ---------------------------------------------------------------
+    async def ha_append(self, verdict: PushVerdict, offset: int, data: bytes) -> None:
+        """Append pushed bytes at exactly `offset` (the slave's max offset, or a reset point)."""
+        if self._role != SLAVE:
+            raise HAProtocolError("not a slave any more")
+        if verdict is PushVerdict.RESET_AND_APPEND:
+            await self._reset_to(offset)
+        await self._append_raw(offset, data)
+
+    async def _append_raw(self, offset: int, data: bytes) -> None:
+        files = self.commitlog.files
+        assert offset == self.commitlog.max_offset, "the HA client checks the offset before appending"
+        seg = files.last()
+        if seg is None or seg.remaining == 0:
+            async with self.local._io_lock:   # creating a file is structure: not under a flush in progress
+                seg = files.ensure_writable(offset)
+        if seg.end != offset or len(data) > seg.remaining:
+            # The master never sends bytes across a segment: this is a peer with another segment size.
+            raise HAProtocolError(f"push [{offset}, +{len(data)}) does not fit segment at {seg.base} "
+                                  f"(mappedFileSizeCommitLog must match the master's)")
+        try:
+            seg.append(data)
+        except OSError as e:
+            self.local._fail(StoreFatal(f"slave append failed: {e}"))
+            raise StoreFatal(f"slave append failed: {e}") from e
+
+    async def _reset_to(self, offset: int) -> None:
+        """An empty slave starts its log where the master starts sending (its last segment's base)."""
+        assert self.commitlog.max_offset == 0 or self.commitlog.max_offset == self.commitlog.min_offset
+        async with self.local._io_lock:
+            self.commitlog.files.reset_to(offset)
+        self._boundary = self._slave_committed = offset
+        log.info("slave log starts at the master's offset %d", offset)
+
+    async def ha_after_batch(self) -> None:
+        """After each read from the master: fsync (SYNC_FLUSH), then advance the committed boundary."""
+        if self.local._sync:
+            await self.local._flush_once()
+            if self.local.fatal is not None:
+                raise self.local.fatal
+            limit = self.commitlog.flushed_offset
+        else:
+            limit = self.commitlog.max_offset
+        self._advance_boundary(limit)
+        self._adopt_pending_epochs()
+
+    def _advance_boundary(self, limit: int) -> None:
+        """Move the boundary over complete records below `limit`, keeping queue offsets current."""
+        files, seg_size = self.commitlog.files, self.segment_size
+        b = self._boundary
+        for _ in range(_MAX_RECORDS_PER_ADVANCE):
+            if b + L.BLANK.size > limit:
+                break
+            head = files.read(b, L.BLANK.size)
+            if len(head) < L.BLANK.size:
+                raise CorruptRecord(b, "slave log has a hole where a record should start")
+            total, magic = L.BLANK.unpack(head)
+            if magic == L.BLANK_MAGIC:
+                if total != seg_size - b % seg_size:
+                    raise CorruptRecord(b, f"slave received a blank of {total} bytes that misses the file end")
+                if b + total > limit:
+                    break
+                b += total
+                continue
+            if magic != L.MESSAGE_MAGIC or total < L.MESSAGE_OVERHEAD:
+                raise CorruptRecord(b, f"slave received a bad record header (magic {magic:#x}, size {total})")
+            if b + total > limit:
+                break
+            self._note_queue_offset(b)
+            b += total
+        if b > self._boundary:
+            self._boundary = b
+            self._slave_committed = b
+            self.local._set_committed(b)   # keeps LocalLog's retention bound (safe_upto) moving
+            self._grown.fire()
+
+    def _note_queue_offset(self, pos: int) -> None:
+        hdr = self.commitlog.files.read(pos, L.MESSAGE_HEADER.size)
+        f = L.MESSAGE_HEADER.unpack(hdr)
+        queue_id, queue_offset, sys_flag, body_len = f[3], f[5], f[7], f[16]
+        tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK
+        if queue_offset < 0 or tx in (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE):
+            return
+        tpos = pos + L.MESSAGE_HEADER.size + body_len
+        raw = self.commitlog.files.read(tpos, 1 + L.MAX_TOPIC_CHARS)
+        topic = raw[1:1 + raw[0]].decode("ascii", "replace") if raw else ""
+        table = self.local.queue_offsets
+        if queue_offset + 1 > table.get(topic, queue_id):
+            table.set(topic, queue_id, queue_offset + 1)
+
+    def _adopt_pending_epochs(self) -> None:
+        """Record a master epoch in our own file once we hold bytes from it (so elections see it)."""
+        took = 0
+        for e in self._pending_epochs:
+            if self.commitlog.max_offset <= e.start_offset:
+                break
+            self.epochs.append(e.epoch, e.start_offset)
+            took += 1
+        del self._pending_epochs[:took]
+
+    async def ha_reconcile(self, master_epochs: list[tuple[int, int]], master_max: int, master_min: int = 0) -> None:
+        """Before the first report to a master: truncate (durably) to where our logs agree."""
+        if self._role != SLAVE:
+            raise HAProtocolError("not a slave any more")
+        theirs = [EpochEntry(e, s) for e, s in master_epochs]
+        local_max = self.commitlog.max_offset
+        point = self._consistent_point(theirs, master_max)
+        if point < local_max:
+            log.warning("slave truncating its tail: %d -> %d (master max %d)", local_max, point, master_max)
+            await self.truncate(point)
+        if 0 < self.commitlog.max_offset < master_min:
+            await self._restart_at(master_min)
+        mine = [e for e in theirs if e.start_offset < self.commitlog.max_offset]
+        if mine and [(e.epoch, e.start_offset) for e in mine] != self._epoch_pairs()[:len(mine)]:
+            self.epochs.replace(mine)
+        elif not mine and self.epochs.entries and theirs:
+            self.epochs.replace([])
+        self._pending_epochs = [e for e in theirs if e.start_offset >= self.commitlog.max_offset]
+
+    async def _restart_at(self, master_min: int) -> None:
+        """The master no longer keeps the bytes we need next (retention): drop our log and
+        start again at the master's first retained segment. Consume queues are cut by the
+        truncate listeners; the messages in between are gone from this replica."""
+        log.error("slave at %d is below the master's first retained offset %d: restarting its log there",
+                  self.commitlog.max_offset, master_min)
+        await self.truncate(self.commitlog.min_offset)
+        async with self.local._io_lock:
+            self.commitlog.files.reset_to(master_min)
+        self._boundary = self._slave_committed = master_min
+        self.local._committed = master_min
+
+    def _consistent_point(self, theirs: list[EpochEntry], master_max: int) -> int:
+        local_max = self.commitlog.max_offset
+        if not theirs or not self.epochs.entries:
+            # No history on one side (static classic mode, or a fresh slave): the master's end bounds us.
+            return min(local_max, master_max)
+        point = find_consistent_point(self.epochs.with_ends(local_max), with_ends(theirs, master_max))
+        if point < 0:
+            log.error("slave shares no epoch with the master: dropping its whole log",
+                      extra={"local": self._epoch_pairs(), "master": [(e.epoch, e.start_offset) for e in theirs]})
+            return self.commitlog.min_offset
+        return min(point, local_max)
+
+    # --- truncation -----------------------------------------------------------------------------
+    async def truncate(self, offset: int) -> None:
+        """Durably drop every byte at or past `offset`: commitlog, epochs, queue offsets, listeners."""
+        assert self._role == SLAVE, "only a slave truncates (a master's tail is the truth)"
+        await self._truncate(offset)
+
+    async def _truncate(self, offset: int) -> None:
+        offset = max(offset, self.commitlog.min_offset)
+        rewind = self._tail_queue_offsets(offset)
+        async with self.local._io_lock:
+            report = self.commitlog.truncate(offset)   # zeroed and fsynced before it returns (RocketMQ #10666)
+        self.epochs.truncate_suffix(offset)
+        for (topic, qid), first in rewind.items():
+            if first < self.local.queue_offsets.get(topic, qid):
+                self.local.queue_offsets.set(topic, qid, first)
+        self._boundary = min(self._boundary, offset)
+        self._slave_committed = min(self._slave_committed, offset)
+        if self.local._committed > offset:
+            self.local._committed = offset   # LocalLog has no public rewind (see report to the lead)
+        for listener in list(self.truncate_listeners):
+            listener(offset)
+        log.warning("truncated commitlog to %d", offset, extra={"zeroed_bytes": report.zeroed_bytes,
+                                                                "removed_files": report.removed_files})
+
+    def _tail_queue_offsets(self, offset: int) -> dict[tuple[str, int], int]:
+        """First queue offset per queue among the records about to be truncated."""
+        out: dict[tuple[str, int], int] = {}
+        pos, end = offset, self.commitlog.max_offset
+        for _ in range(1 + (end - offset) // L.MESSAGE_OVERHEAD):   # bounded: every pass advances
+            if pos >= end:
+                break
+            try:
+                batch = self.commitlog.scan(pos, _TRUNCATE_SCAN_BYTES, check_crc=False)
+            except (CorruptRecord, KeyError):
+                break   # a half-received record at the end: nothing after it was dispatched
+            if not batch.records:
+                break
+            for rec in batch.records:
+                f = L.MESSAGE_HEADER.unpack_from(rec.data, 0)
+                body_len = f[16]
+                tlen = rec.data[L.MESSAGE_HEADER.size + body_len]
+                topic = rec.data[L.MESSAGE_HEADER.size + body_len + 1:][:tlen].decode("ascii", "replace")
+                if f[5] >= 0:
+                    key = (topic, f[3])
+                    out[key] = min(out.get(key, f[5]), f[5])
+            pos = batch.next_position
+        return out
+
+    # --- role changes ---------------------------------------------------------------------------
+    async def become_master(self, epoch: int = 0) -> None:
+        """Promotion: drop a half-received record, record the epoch, then accept writes."""
+        async with self._role_lock:
+            if self._role == MASTER and epoch <= self.epoch:
+                return
+            was = self._role
+            self._role = MASTER   # no push is applied from here on (ha_append checks the role)
+            await self._stop_client()
+            if was == SLAVE and self.commitlog.max_offset > self._boundary:
+                await self._truncate(self._boundary)   # half a record from the old master
+            self.local._set_committed(self.commitlog.max_offset)
+            if epoch > self.epochs.last_epoch:
+                self.epochs.drop_beyond(self.commitlog.max_offset)
+                self.epochs.append(epoch, self.commitlog.max_offset)
+            # epoch == last epoch: a master restarting within its own epoch continues it.
+            self.epoch = max(self.epoch, epoch)
+            await self._start_master()
+            log.warning("became MASTER (was %s) at epoch %d, offset %d", was, epoch, self.commitlog.max_offset)
+
+    async def become_slave(self, master_ha_addr: str, master_api_addr: str | None, epoch: int = 0) -> None:
+        """Demotion or re-pointing: stop writes at once, then follow `master_ha_addr`."""
+        async with self._role_lock:
+            if self._role == SLAVE and self.client is not None and self.client.master_addr == master_ha_addr:
+                self._master_api = master_api_addr
+                self.epoch = max(self.epoch, epoch)
+                return
+            was = self._role
+            self._role = SLAVE
+            self._accepting = False
+            self._master_api = master_api_addr
+            self.epoch = max(self.epoch, epoch)
+            await self._stop_service()
+            await self._stop_client()
+            # A former master's committed bytes are the baseline; reconcile will truncate what diverged.
+            self._boundary = self._slave_committed = self.local.committed_position
+            self._start_client(master_ha_addr)
+            log.warning("became SLAVE of %s (was %s) at epoch %d", master_ha_addr, was, epoch)
+
+    async def _start_master(self) -> None:
+        if self.service is None:
+            self.service = HAService(self, self.core, self.cfg.ha_listen_host, self.cfg.ha_listen_port,
+                                     self.cfg.timings, on_ack=self._acks.fire)
+            await self.service.start()
+        self._accepting = True
+
+    async def _stop_service(self) -> None:
+        if self.service is not None:
+            svc, self.service = self.service, None
+            await svc.stop()
+        self._acks.fire()
+
+    def _start_client(self, master_ha_addr: str) -> None:
+        assert self.client is None
+        self.client = HAClient(master_ha_addr, self, self.cfg.broker_id, self.cfg.timings)
+        self.client.start()
+
+    async def _stop_client(self) -> None:
+        if self.client is not None:
+            client, self.client = self.client, None
+            await client.stop()
+
+    @property
+    def ha_port(self) -> int | None:
+        return self.service.port if self.service is not None else None
+
+    # --- controller -----------------------------------------------------------------------------
+    def controller_heartbeat(self, group: str) -> dict:
+        """What this broker tells the controller every second."""
+        in_sync = sorted(self.core.in_sync_broker_ids(self.commitlog.max_offset, now_ms())) if self._role == MASTER else []
+        return {"group": group, "broker_id": self.cfg.broker_id, "addr": self.cfg.self_api_address,
+                "ha_addr": self.cfg.self_ha_address, "epoch": self.epochs.last_epoch,
+                "max_offset": self.committed_position, "priority": self.cfg.election_priority,
+                "mode": "classic", "in_sync": in_sync}
+
+    async def on_controller_reply(self, reply: dict) -> None:
+        """Act on the controller's view: promote, demote, re-point, or update the SyncStateSet."""
+        epoch = int(reply.get("epoch") or 0)
+        if epoch < self.epoch:
+            return   # a lagging controller's stale answer
+        master_id = reply.get("master_id")
+        if master_id is None:
+            return   # nobody is master yet: keep what we are (a master stays one until replaced)
+        if master_id == self.cfg.broker_id:
+            await self.become_master(epoch)
+            self.core.sync_state_set = frozenset(int(b) for b in reply.get("sync_state_set", []))
+        elif reply.get("master_ha_addr"):
+            await self.become_slave(reply["master_ha_addr"], reply.get("master_addr"), epoch)
+
+    # --- reads ----------------------------------------------------------------------------------
+    @property
+    def committed_position(self) -> int:
+        return self.local.committed_position if self._role == MASTER else self._slave_committed
+
+    @property
+    def min_position(self) -> int:
+        return self.commitlog.min_offset
+
+    @property
+    def min_physical_offset(self) -> int:
+        return self.commitlog.min_offset
+
+    def scan(self, position: int, max_bytes: int) -> ScanBatch:
+        return self.commitlog.scan(position, max_bytes, limit=self.committed_position)
+
+    def read(self, physical_offset: int, size: int) -> bytes:
+        if physical_offset + size > self.committed_position:
+            raise KeyError(f"record at {physical_offset} (+{size}) is not committed "
+                           f"(committed offset {self.committed_position})")
+        return self.commitlog.read(physical_offset, size)
+
+    async def wait_committed(self, beyond_position: int, timeout_s: float) -> int:
+        deadline = time.monotonic() + timeout_s
+        while self.committed_position <= beyond_position and self._started:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if self._role == MASTER:
+                await self.local.wait_committed(beyond_position, left)
+            else:
+                await self._grown.wait(min(left, 0.5))   # re-check the role at least every 0.5 s
+        return self.committed_position
+
+    def init_queue_offsets(self, table: dict[tuple[str, int], int]) -> None:
+        self.local.init_queue_offsets(table)
+
+    def queue_offset_of(self, topic: str, queue_id: int) -> int:
+        return self.local.queue_offset_of(topic, queue_id)
+
+    async def retention_tick(self, now=None):
+        return await self.local.retention_tick(now)
+
+
+def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConfig,
+                              checkpoint_committed_offset: int | None = None) -> HALog:
+    """Build an HALog from a node.config.BrokerConfig (the lead calls this from build_log)."""
+    g = lambda name, default: getattr(config, name, default)   # noqa: E731  keys not yet in BrokerConfig
+    controller = bool(config.controller_addr)
+    role = SLAVE if config.broker_role == "SLAVE" else MASTER
+    timings = HATimings(max_gap_not_in_sync_bytes=g("ha_max_gap_not_in_sync_bytes", 256 * 1024 * 1024),
+                        slave_ack_timeout_ms=g("ha_slave_ack_timeout_ms", 5000))
+    master_host = config.ha_master_address.rpartition(":")[0]
+    return HALog(fs, config.store_root, local_config, HALogConfig(
+        broker_id=config.broker_id, initial_role=role,
+        # With a controller any broker may be promoted; SYNC_MASTER semantics unless ASYNC_MASTER was asked for.
+        sync_master=config.broker_role != "ASYNC_MASTER",
+        controller_mode=controller, ha_listen_host=config.bind_address, ha_listen_port=config.ha_listen_port,
+        ha_master_address=config.ha_master_address,
+        master_api_address=g("master_api_address", None) or (f"{master_host}:{config.listen_port}" if master_host else None),
+        self_api_address=f"{config.broker_ip1}:{config.listen_port}",
+        self_ha_address=f"{config.broker_ip1}:{config.ha_listen_port}",
+        election_priority=g("election_priority", config.broker_id),
+        all_ack_in_sync_state_set=g("all_ack_in_sync_state_set", False),
+        min_in_sync_replicas=g("min_in_sync_replicas", 1), timings=timings,
+        controller_addrs=tuple(a.strip() for a in config.controller_addr.replace(",", ";").split(";") if a.strip()),
+        group=config.group), checkpoint_committed_offset)

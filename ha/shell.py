@@ -1,0 +1,309 @@
+"""asyncio shells around the pure HA cores: sockets, clocks and the commitlog live here.
+
+    HAService    master: listens on haListenPort; one HAConnection (push loop + report
+                 reader) per slave; feeds slave acks to HAServiceCore
+    HAClient     slave: connects to the master's HA address, reconciles its log with the
+                 master's epochs, appends pushed bytes at exactly their offset, flushes per
+                 flushDiskType (via the sink), reports its max offset
+
+Wire (ours on top of RocketMQ's classic stream): right after connect each side sends one
+length-prefixed JSON frame (layout.FRAME_LEN + JSON, capped at 64 KiB and checked before
+reading): slave hello `{"broker_id", "max_offset"}`, master welcome `{"epochs":
+[[epoch, start], ...], "max_offset", "min_offset"}`. This is RocketMQ 5's HANDSHAKE
+stage: the slave needs the master's epochs to find the consistent point before it
+reports. Then the classic stream: 8-byte reports up, 12-byte-header pushes down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from typing import Callable, Protocol
+
+from ha.protocol import HAProtocolError, PushDecoder, ReportDecoder, encode_push, encode_report
+from ha.replication import (CloseLink, ConnState, HAClientCore, HAConnectionCore, HAServiceCore, HATimings,
+                            PushVerdict, SendPush)
+from node.store import layout as L
+from node.store.errors import CorruptRecord, StoreError
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_MAX_BYTES = 64 * 1024
+HANDSHAKE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 3.0
+READ_CHUNK_BYTES = 256 * 1024
+MAX_SLAVE_CONNECTIONS = 64
+TICK_S = 0.5          # how often idle loops look at the clock (heartbeats are 5 s, silence 20 s)
+
+
+def now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def encode_frame(obj: dict) -> bytes:
+    raw = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+    assert len(raw) <= HANDSHAKE_MAX_BYTES
+    return L.FRAME_LEN.pack(len(raw)) + raw
+
+
+async def read_frame(reader: asyncio.StreamReader, cap: int = HANDSHAKE_MAX_BYTES) -> dict:
+    """One length-prefixed JSON frame; the length is checked against `cap` before the body is read."""
+    (n,) = L.FRAME_LEN.unpack(await reader.readexactly(L.FRAME_LEN.size))
+    if n > cap:
+        raise HAProtocolError(f"handshake frame of {n} bytes exceeds the cap of {cap}")
+    try:
+        obj = json.loads(await reader.readexactly(n))
+    except ValueError as e:
+        raise HAProtocolError(f"handshake frame is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise HAProtocolError("handshake frame is not an object")
+    return obj
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"bad address {addr!r}, expected host:port")
+    return host, int(port)
+
+
+# ===================================================================================
+# Master side
+# ===================================================================================
+
+class MasterSource(Protocol):
+    """What the master's HA shell reads from the log."""
+
+    segment_size: int
+
+    def ha_max_offset(self) -> int: ...
+    def ha_min_offset(self) -> int: ...
+    def ha_read(self, offset: int, size: int) -> bytes: ...
+    def ha_epochs(self) -> list[tuple[int, int]]: ...
+
+
+class HAService:
+    """Accepts slaves and pushes the commitlog to each of them."""
+
+    def __init__(self, source: MasterSource, core: HAServiceCore, host: str, port: int,
+                 timings: HATimings = HATimings(), on_ack: Callable[[], None] = lambda: None):
+        self.source = source
+        self.core = core
+        self.host = host
+        self.port = port
+        self.t = timings
+        self.on_ack = on_ack
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: dict[int, tuple[asyncio.Event, HAConnectionCore, asyncio.StreamWriter]] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._ids = itertools.count(1)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("HA service listening on %s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for _, core, writer in list(self._conns.values()):
+            core.close("master stopping")
+            writer.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def notify_append(self) -> None:
+        """New bytes in the commitlog: wake every push loop."""
+        for wake, _, _ in self._conns.values():
+            wake.set()
+
+    def status(self) -> list[dict]:
+        return [{"conn": cid, "state": core.state.value, "slave_ack_offset": core.slave_ack_offset,
+                 "next_offset": core.next_offset} for cid, (_, core, _) in self._conns.items()]
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._conns) >= MAX_SLAVE_CONNECTIONS:
+            log.warning("HA: refusing slave connection: %d already", len(self._conns))
+            writer.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn_id = next(self._ids)
+        peer = writer.get_extra_info("peername")
+        reports: asyncio.Task | None = None
+        try:
+            hello = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
+            broker_id = hello.get("broker_id") if isinstance(hello.get("broker_id"), int) else None
+            writer.write(encode_frame({"epochs": self.source.ha_epochs(), "max_offset": self.source.ha_max_offset(),
+                                       "min_offset": self.source.ha_min_offset()}))
+            await writer.drain()
+            core = HAConnectionCore(self.source.segment_size, now_ms(), self.t)
+            wake = asyncio.Event()
+            self._conns[conn_id] = (wake, core, writer)
+            log.info("HA: slave %s (broker %s) connected as conn %d", peer, broker_id, conn_id)
+            reports = asyncio.get_running_loop().create_task(self._read_reports(reader, conn_id, broker_id))
+            await self._push_loop(writer, core, wake)
+            log.info("HA: conn %d to %s closed: %s", conn_id, peer, core.close_reason)
+        except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, StoreError) as e:
+            log.warning("HA: conn %d to %s failed: %r", conn_id, peer, e)
+        finally:
+            if reports is not None:
+                reports.cancel()
+            self._conns.pop(conn_id, None)
+            self.core.remove(conn_id)
+            writer.close()
+
+    async def _read_reports(self, reader: asyncio.StreamReader, conn_id: int, broker_id: int | None) -> None:
+        wake, core, _ = self._conns[conn_id]
+        dec = ReportDecoder()
+        try:
+            while core.state is not ConnState.CLOSED:
+                data = await reader.read(4096)
+                if not data:
+                    core.close("slave closed the connection")
+                    break
+                for r in dec.feed(data):
+                    core.on_report(r.max_offset, self.source.ha_max_offset(), now_ms())
+                    if core.state is ConnState.CLOSED:
+                        break
+                    self.core.on_report(conn_id, broker_id, r.max_offset, now_ms())
+                self.on_ack()
+        except (OSError, StoreError) as e:
+            core.close(f"report stream failed: {e!r}")
+        finally:
+            wake.set()
+
+    async def _push_loop(self, writer: asyncio.StreamWriter, core: HAConnectionCore, wake: asyncio.Event) -> None:
+        while core.state is not ConnState.CLOSED:
+            act = core.next_action(now_ms(), self.source.ha_max_offset(), self.source.ha_min_offset())
+            if isinstance(act, CloseLink):
+                return
+            if isinstance(act, SendPush):
+                data = self.source.ha_read(act.offset, act.size) if act.size else b""
+                if act.size and not data:
+                    core.close(f"cannot read {act.size} bytes at {act.offset}")
+                    return
+                writer.write(encode_push(act.offset, data, self.t.max_transfer_bytes))
+                await writer.drain()   # backpressure: at most one push queued past the socket buffer
+                core.pushed(act.offset, len(data), now_ms())
+                continue
+            wake.clear()
+            try:
+                await asyncio.wait_for(wake.wait(), TICK_S)
+            except asyncio.TimeoutError:
+                pass
+
+
+# ===================================================================================
+# Slave side
+# ===================================================================================
+
+class SlaveSink(Protocol):
+    """What the slave's HA shell does to the log."""
+
+    def ha_max_offset(self) -> int: ...
+    async def ha_reconcile(self, master_epochs: list[tuple[int, int]], master_max: int, master_min: int) -> None: ...
+    async def ha_append(self, verdict: PushVerdict, offset: int, data: bytes) -> None: ...
+    async def ha_after_batch(self) -> None: ...
+
+
+class HAClient:
+    """Keeps a link to the master; reconnects after any failure (1 s, then up to 5 s apart)."""
+
+    def __init__(self, master_addr: str, sink: SlaveSink, broker_id: int, timings: HATimings = HATimings()):
+        self.master_addr = master_addr
+        self.sink = sink
+        self.broker_id = broker_id
+        self.t = timings
+        self.connected = False
+        self.last_error = ""
+        self.sessions = 0
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        assert self._task is None
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"ha-client->{self.master_addr}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        self.connected = False
+
+    def status(self) -> dict:
+        return {"master_ha_addr": self.master_addr, "connected": self.connected, "sessions": self.sessions,
+                "last_error": self.last_error}
+
+    async def _run(self) -> None:
+        backoff = 1.0
+        while not self._stopping:
+            try:
+                await self._session()
+                backoff = 1.0
+            except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, StoreError) as e:
+                if isinstance(e, CorruptRecord) or not isinstance(e, (OSError, asyncio.TimeoutError)):
+                    log.warning("HA client: link to %s dropped: %r", self.master_addr, e)
+                self.last_error = repr(e)
+            self.connected = False
+            await asyncio.sleep(backoff)
+            backoff = min(5.0, backoff * 2)
+
+    async def _session(self) -> None:
+        host, port = split_addr(self.master_addr)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        try:
+            writer.write(encode_frame({"broker_id": self.broker_id, "max_offset": self.sink.ha_max_offset()}))
+            welcome = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
+            epochs = [(int(e), int(s)) for e, s in welcome.get("epochs", [])]
+            await self.sink.ha_reconcile(epochs, int(welcome.get("max_offset", 0)), int(welcome.get("min_offset", 0)))
+            self.sessions += 1
+            self.connected = True
+            log.info("HA client: connected to %s at offset %d", self.master_addr, self.sink.ha_max_offset())
+            await self._transfer(reader, writer)
+        finally:
+            writer.close()
+
+    async def _transfer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        core = HAClientCore(now_ms(), self.t)
+        dec = PushDecoder(self.t.max_transfer_bytes)
+        await self._report(writer, core)
+        while True:
+            try:
+                data = await asyncio.wait_for(reader.read(READ_CHUNK_BYTES), TICK_S)
+            except asyncio.TimeoutError:
+                data = None
+            if data == b"":
+                raise ConnectionResetError("master closed the HA connection")
+            if data:
+                await self._apply(core, dec, data)
+                await self.sink.ha_after_batch()   # flush per flushDiskType before we report it
+            if core.check_silence(now_ms()):
+                raise asyncio.TimeoutError(core.close_reason)
+            await self._report(writer, core)
+
+    async def _apply(self, core: HAClientCore, dec: PushDecoder, data: bytes) -> None:
+        for push in dec.feed(data):
+            verdict = core.on_push(push.offset, len(push.data), self.sink.ha_max_offset(), now_ms())
+            if verdict is PushVerdict.DROP:
+                raise HAProtocolError(core.close_reason)
+            if verdict is not PushVerdict.HEARTBEAT:
+                await self.sink.ha_append(verdict, push.offset, push.data)
+
+    async def _report(self, writer: asyncio.StreamWriter, core: HAClientCore) -> None:
+        off = core.report_due(self.sink.ha_max_offset(), now_ms())
+        if off is None:
+            return
+        writer.write(encode_report(off))
+        await writer.drain()
+        core.reported(off, now_ms())

@@ -1,0 +1,268 @@
+"""Goal: classic HA end to end inside one process over real loopback sockets: HAService,
+HAClient and HALog with real commitlogs on disk. Covers SYNC/ASYNC_MASTER acks, SLAVE
+_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT, a slave far behind catching up across segments, an
+empty slave starting at the master's last segment, the slave's committed position and
+queue offsets, and a failover where the old master comes back as a slave and truncates
+its unreplicated tail durably. Method: asyncio.run per test, tmp directories, short
+timers; the process-level drills (kill -9) live in test_ha_processes.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from ha.epoch import EpochFile
+from ha.ha_log import MASTER, SLAVE, HALog, HALogConfig
+from ha.replication import HATimings
+from node.local_log import ASYNC_FLUSH, SYNC_FLUSH, LocalLogConfig
+from node.replicated_log import PutStatus
+from node.store.errors import NotLeader
+from node.store.fileio import FileSystem
+from node.store.message import MessageDraft, decode_record
+
+SEG = 64 * 1024
+FAST = HATimings(heartbeat_interval_ms=200, housekeeping_ms=2000, slave_ack_timeout_ms=1500)
+
+
+def msg(i: int, size: int = 100, q: int = 0) -> MessageDraft:
+    return MessageDraft("T", q, (b"%06d" % i) + b"x" * (size - 6), {"TAGS": "a"}).seal()
+
+
+def lcfg(flush=ASYNC_FLUSH) -> LocalLogConfig:
+    return LocalLogConfig(segment_size_bytes=SEG, flush_disk_type=flush, refuse_check_interval_ms=0)
+
+
+def master_log(root, sync=True, flush=ASYNC_FLUSH, timings=FAST, **kw) -> HALog:
+    return HALog(FileSystem(), str(root), lcfg(flush), HALogConfig(
+        broker_id=0, initial_role=MASTER, sync_master=sync, ha_listen_host="127.0.0.1", ha_listen_port=0,
+        self_api_address="127.0.0.1:1", timings=timings, **kw))
+
+
+def slave_log(root, master: HALog, flush=ASYNC_FLUSH, broker_id=1, timings=FAST) -> HALog:
+    return HALog(FileSystem(), str(root), lcfg(flush), HALogConfig(
+        broker_id=broker_id, initial_role=SLAVE, sync_master=True, ha_master_address=f"127.0.0.1:{master.ha_port}",
+        master_api_address="127.0.0.1:1", ha_listen_host="127.0.0.1", ha_listen_port=0, timings=timings))
+
+
+async def until(pred, timeout=10.0, what="condition"):
+    for _ in range(int(timeout / 0.02)):
+        if pred():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def bodies(log: HALog) -> list[bytes]:
+    out, pos = [], log.min_position
+    for _ in range(10_000):
+        if pos >= log.committed_position:
+            break
+        batch = log.scan(pos, 1 << 20)
+        out += [decode_record(r.data).body[:6] for r in batch.records]
+        pos = batch.next_position
+    return out
+
+
+def test_sync_master_acks_after_slave_and_slave_commits_what_it_received(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m", flush=SYNC_FLUSH)
+        await m.start()
+        s = slave_log(tmp_path / "s", m, flush=SYNC_FLUSH)
+        await s.start()
+        await until(lambda: m.core.best_ack() >= 0, what="slave report")
+        res = await m.append([msg(i) for i in range(20)])
+        assert all(r.status is PutStatus.SEND_OK for r in res)
+        end = res[-1].physical_offset + res[-1].size
+        assert m.core.best_ack() >= end
+        await until(lambda: s.committed_position == end, what="slave committed")
+        assert bodies(s) == bodies(m)
+        assert s.queue_offset_of("T", 0) == 20
+        with pytest.raises(NotLeader) as ei:
+            await s.append([msg(99)])
+        assert ei.value.leader == "127.0.0.1:1"
+        await s.stop()
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_sync_master_without_slave_is_slave_not_available_at_once(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m")
+        await m.start()
+        res = await asyncio.wait_for(m.append([msg(1)]), 1.0)
+        assert res[0].status is PutStatus.SLAVE_NOT_AVAILABLE
+        assert m.read(res[0].physical_offset, res[0].size)   # stored and readable on the master
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_async_master_acks_at_once_without_slave(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m", sync=False)
+        await m.start()
+        res = await m.append([msg(1)])
+        assert res[0].status is PutStatus.SEND_OK
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_silent_slave_gives_flush_slave_timeout(tmp_path):
+    """A slave that connects and reports once, then never acks: FLUSH_SLAVE_TIMEOUT after the timeout."""
+    from ha.protocol import encode_report
+    from ha.shell import encode_frame, read_frame
+
+    async def main():
+        m = master_log(tmp_path / "m")
+        await m.start()
+        r, w = await asyncio.open_connection("127.0.0.1", m.ha_port)
+        w.write(encode_frame({"broker_id": 7, "max_offset": 0}))
+        await read_frame(r)
+        w.write(encode_report(0))
+        await w.drain()
+        await until(lambda: m.core.best_ack() == 0, what="fake report")
+        res = await m.append([msg(1)])
+        assert res[0].status is PutStatus.FLUSH_SLAVE_TIMEOUT
+        w.close()
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_slave_far_behind_catches_up_across_segments(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m", sync=False)
+        await m.start()
+        for i in range(40):   # ~4 MiB over many 64 KiB segments before any slave exists
+            await m.append([msg(i * 10 + k, size=10_000, q=k % 3) for k in range(10)])
+        assert len(m.commitlog.files.segments) > 20
+        s = slave_log(tmp_path / "s", m)
+        # The slave starts non-empty at offset 0 only if it reports something non-zero; an empty one
+        # starts at the master's last segment (RocketMQ). Seed it with the first segment to catch up.
+        os.makedirs(tmp_path / "s" / "commitlog", exist_ok=True)
+        first = m.commitlog.files.segments[0]
+        with open(tmp_path / "s" / "commitlog" / os.path.basename(first.path), "wb") as f:
+            f.write(m.commitlog.files.read(0, SEG))
+        await s.start()
+        assert s.commitlog.max_offset > 0
+        await until(lambda: s.committed_position == m.committed_position, timeout=20, what="catch up")
+        assert bodies(s) == bodies(m)
+        assert all(s.queue_offset_of("T", q) == m.queue_offset_of("T", q) for q in range(3))
+        await s.stop()
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_empty_slave_starts_at_masters_last_segment(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m", sync=False)
+        await m.start()
+        for i in range(30):
+            await m.append([msg(i, size=5000)])
+        last_base = m.commitlog.files.segments[-1].base
+        assert last_base > 0
+        s = slave_log(tmp_path / "s", m)
+        await s.start()
+        await until(lambda: s.committed_position == m.committed_position, what="slave tail")
+        assert s.min_position == last_base
+        await s.stop()
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_failover_old_master_returns_as_slave_and_truncates_its_tail(tmp_path):
+    async def main():
+        a = master_log(tmp_path / "a", sync=True)
+        await a.start()
+        await a.become_master(epoch=1)
+        b = slave_log(tmp_path / "b", a)
+        await b.start()
+        await until(lambda: a.core.best_ack() >= 0)
+        acked = await a.append([msg(i) for i in range(10)])
+        assert all(r.status is PutStatus.SEND_OK for r in acked)
+        await until(lambda: b.committed_position == a.committed_position)
+        # Partition: b stops following; a keeps writing a tail nobody acked.
+        await b._stop_client()
+        await asyncio.sleep(0.1)
+        tail = await a.append([msg(100 + i) for i in range(5)])
+        assert all(r.status is PutStatus.SLAVE_NOT_AVAILABLE for r in tail)
+        a_end = a.commitlog.max_offset
+        # Controller elects b at epoch 2; a is told to follow b.
+        await b.become_master(epoch=2)
+        after = await b.append([msg(200 + i) for i in range(3)])
+        assert all(r.status is PutStatus.SLAVE_NOT_AVAILABLE for r in after)   # a not yet following
+        truncated = []
+        a.truncate_listeners.append(truncated.append)
+        await a.become_slave(f"127.0.0.1:{b.ha_port}", "127.0.0.1:1", epoch=2)
+        await until(lambda: a.committed_position == b.committed_position, what="old master resynced")
+        assert truncated and truncated[0] < a_end
+        assert bodies(a) == bodies(b)
+        assert b"000100" not in bodies(a)                   # the unacked tail is gone
+        assert [b"%06d" % i for i in range(10)] == bodies(b)[:10]   # every acked message survived
+        assert a.queue_offset_of("T", 0) == b.queue_offset_of("T", 0) == 13
+        assert [(e.epoch, e.start_offset) for e in a.epochs.entries] == b.ha_epochs()
+        more = await b.append([msg(300)])
+        assert more[0].status is PutStatus.SEND_OK
+        await a.stop()
+        await b.stop()
+        # Durable: the truncated tail does not come back after a restart (RocketMQ #10666).
+        a2 = HALog(FileSystem(), str(tmp_path / "a"), lcfg(), HALogConfig(
+            broker_id=0, initial_role=SLAVE, ha_master_address="127.0.0.1:1", timings=FAST))
+        await a2.start()
+        assert b"000100" not in bodies(a2)
+        assert EpochFile(FileSystem(), str(tmp_path / "a")).load()[-1].epoch == 2
+        await a2.stop()
+    asyncio.run(main())
+
+
+def test_master_restarting_within_its_epoch_continues_it_and_ignores_stale_replies(tmp_path):
+    async def main():
+        cfg = HALogConfig(broker_id=0, controller_mode=True, sync_master=False, ha_listen_host="127.0.0.1",
+                          ha_listen_port=0, self_api_address="127.0.0.1:1", self_ha_address="127.0.0.1:2",
+                          timings=FAST)
+        m = HALog(FileSystem(), str(tmp_path / "m"), lcfg(), cfg)
+        await m.start()
+        assert m.role() == SLAVE                       # controller mode: nobody is master until told
+        with pytest.raises(NotLeader):
+            await m.append([msg(0)])
+        reply = {"master_id": 0, "epoch": 1, "master_addr": "127.0.0.1:1", "master_ha_addr": "127.0.0.1:2",
+                 "sync_state_set": [0]}
+        await m.on_controller_reply(reply)
+        assert m.role() == MASTER
+        await m.append([msg(1)])
+        await m.stop()
+        m2 = HALog(FileSystem(), str(tmp_path / "m"), lcfg(), cfg)
+        await m2.start()
+        await m2.on_controller_reply(reply)            # same epoch after a restart: continue it
+        assert m2.role() == MASTER and [(e.epoch, e.start_offset) for e in m2.epochs.entries] == [(1, 0)]
+        await m2.on_controller_reply({**reply, "master_id": 5, "epoch": 0})   # stale: ignored
+        assert m2.role() == MASTER
+        hb = m2.controller_heartbeat("g")
+        assert hb["epoch"] == 1 and hb["max_offset"] == m2.committed_position and hb["ha_addr"] == "127.0.0.1:2"
+        await m2.stop()
+    asyncio.run(main())
+
+
+def test_slave_below_masters_retention_restarts_at_masters_first_segment(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m", sync=False)
+        await m.start()
+        for i in range(40):
+            await m.append([msg(i, size=5000)])
+        # Seed the slave with the master's first segment, then let retention delete it on the master.
+        os.makedirs(tmp_path / "s" / "commitlog", exist_ok=True)
+        first = m.commitlog.files.segments[0]
+        with open(tmp_path / "s" / "commitlog" / os.path.basename(first.path), "wb") as f:
+            f.write(m.commitlog.files.read(0, SEG))
+        m.commitlog.delete_head(2 * SEG)
+        assert m.min_position == 2 * SEG
+        s = slave_log(tmp_path / "s", m)
+        truncated = []
+        s.truncate_listeners.append(truncated.append)
+        await s.start()
+        await until(lambda: s.committed_position == m.committed_position, what="slave restarted and caught up")
+        assert s.min_position == 2 * SEG and truncated == [0]
+        assert bodies(s) == bodies(m)
+        await s.stop()
+        await m.stop()
+    asyncio.run(main())

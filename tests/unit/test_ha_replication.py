@@ -1,0 +1,337 @@
+"""Goal: every classic-HA rule of the pure cores, one test each (setup / step / check),
+and every (state, input) pair of each machine's table. Method: drive the cores with
+explicit offsets and times; no sockets, no clock."""
+
+import itertools
+
+import pytest
+
+from ha.replication import (CLIENT_TRANSITIONS, CONN_TRANSITIONS, WAIT_TRANSITIONS, ClientInput, ClientState,
+                            CloseLink, ConnInput, ConnState, HAClientCore, HAConnectionCore, HAServiceCore,
+                            HATimings, MiB, PushVerdict, SendPush, WaitInput, WaitState)
+
+SEG = 1 << 20
+T = HATimings()
+
+
+# --- tables -------------------------------------------------------------------------------
+@pytest.mark.parametrize("table,states,inputs", [
+    (CONN_TRANSITIONS, ConnState, ConnInput),
+    (CLIENT_TRANSITIONS, ClientState, ClientInput),
+    (WAIT_TRANSITIONS, WaitState, WaitInput),
+])
+def test_every_state_input_pair_has_exactly_one_next_state(table, states, inputs):
+    for s, i in itertools.product(states, inputs):
+        assert (s, i) in table, (s, i)
+    assert len(table) == len(states) * len(inputs)
+
+
+@pytest.mark.parametrize("table,closed", [(CONN_TRANSITIONS, ConnState.CLOSED), (CLIENT_TRANSITIONS, ClientState.CLOSED)])
+def test_closed_is_absorbing(table, closed):
+    assert all(nxt is closed for (s, _), nxt in table.items() if s is closed)
+
+
+def test_wait_terminal_states_absorb():
+    for (s, _), nxt in WAIT_TRANSITIONS.items():
+        if s is not WaitState.WAITING:
+            assert nxt is s
+
+
+# --- master side: HAConnectionCore ---------------------------------------------------------
+def test_nothing_is_pushed_before_the_first_report():
+    c = HAConnectionCore(SEG, now_ms=0)
+    assert c.next_action(1, master_max=5000) is None
+
+
+def test_slave_reporting_zero_starts_at_masters_last_segment_base():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(0, master_max=3 * SEG + 100, now_ms=1)
+    assert c.next_offset == 3 * SEG
+    assert c.next_action(2, master_max=3 * SEG + 100) == SendPush(3 * SEG, 100)
+
+
+def test_slave_reporting_nonzero_starts_there():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(1234, master_max=5000, now_ms=1)
+    assert c.next_action(2, master_max=5000) == SendPush(1234, 5000 - 1234)
+
+
+def test_push_is_capped_at_32k():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(10, master_max=SEG - 1, now_ms=1)
+    assert c.next_action(2, master_max=SEG - 1) == SendPush(10, 32 * 1024)
+
+
+def test_push_never_crosses_a_segment():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(SEG - 100, master_max=SEG + 5000, now_ms=1)
+    a = c.next_action(2, master_max=SEG + 5000)
+    assert a == SendPush(SEG - 100, 100)
+    c.pushed(a.offset, a.size, 2)
+    assert c.next_action(3, master_max=SEG + 5000) == SendPush(SEG, 5000)
+
+
+def test_pushes_are_contiguous_and_advance():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(100, master_max=200, now_ms=1)
+    c.pushed(100, 100, 2)
+    assert c.next_offset == 200
+    assert c.next_action(3, master_max=200) is None   # caught up, not idle long enough
+    with pytest.raises(AssertionError):
+        c.pushed(150, 10, 4)
+
+
+def test_heartbeat_after_5s_idle():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(200, master_max=200, now_ms=0)
+    assert c.next_action(T.heartbeat_interval_ms - 1, 200) is None
+    a = c.next_action(T.heartbeat_interval_ms, 200)
+    assert a == SendPush(200, 0)
+    c.pushed(200, 0, T.heartbeat_interval_ms)
+    assert c.next_action(T.heartbeat_interval_ms + 1, 200) is None
+
+
+def test_close_after_20s_without_report():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(200, master_max=200, now_ms=0)
+    assert not isinstance(c.next_action(T.housekeeping_ms, 200), CloseLink)
+    assert isinstance(c.next_action(T.housekeeping_ms + 1, 200), CloseLink)
+    assert c.state is ConnState.CLOSED
+
+
+def test_silent_connection_that_never_reports_is_closed_too():
+    c = HAConnectionCore(SEG, now_ms=0)
+    assert isinstance(c.next_action(T.housekeeping_ms + 1, 0), CloseLink)
+
+
+def test_report_going_backwards_closes():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(500, master_max=1000, now_ms=1)
+    c.on_report(400, master_max=1000, now_ms=2)
+    assert c.state is ConnState.CLOSED and "back" in c.close_reason
+
+
+def test_slave_ahead_of_master_closes():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(2000, master_max=1000, now_ms=1)
+    assert c.state is ConnState.CLOSED and "ahead" in c.close_reason
+
+
+def test_slave_below_masters_first_offset_is_closed():
+    c = HAConnectionCore(SEG, now_ms=0)
+    c.on_report(10, master_max=3 * SEG, now_ms=1)
+    assert isinstance(c.next_action(2, 3 * SEG, master_min=SEG), CloseLink)
+
+
+# --- slave side: HAClientCore ------------------------------------------------------------------
+def test_client_reports_at_once_after_connect():
+    c = HAClientCore(now_ms=0)
+    assert c.report_due(own_max=777, now_ms=0) == 777
+    c.reported(777, 0)
+    assert c.state is ClientState.TRANSFER
+    assert c.report_due(777, 1) is None
+
+
+def test_client_reports_after_each_batch():
+    c = HAClientCore(now_ms=0)
+    c.reported(100, 0)
+    assert c.on_push(100, 50, own_max=100, now_ms=1) is PushVerdict.APPEND
+    assert c.report_due(own_max=150, now_ms=1) == 150
+
+
+def test_client_reports_at_least_every_5s():
+    c = HAClientCore(now_ms=0)
+    c.reported(100, 0)
+    assert c.report_due(100, T.heartbeat_interval_ms - 1) is None
+    assert c.report_due(100, T.heartbeat_interval_ms) == 100
+
+
+def test_push_at_wrong_offset_drops_link():
+    c = HAClientCore(now_ms=0)
+    c.reported(100, 0)
+    assert c.on_push(120, 10, own_max=100, now_ms=1) is PushVerdict.DROP
+    assert c.state is ClientState.CLOSED
+    assert c.report_due(100, 2) is None
+
+
+def test_heartbeat_at_wrong_offset_drops_link_too():
+    c = HAClientCore(now_ms=0)
+    c.reported(100, 0)
+    assert c.on_push(90, 0, own_max=100, now_ms=1) is PushVerdict.DROP
+
+
+def test_heartbeat_in_step_is_accepted():
+    c = HAClientCore(now_ms=0)
+    c.reported(100, 0)
+    assert c.on_push(100, 0, own_max=100, now_ms=1) is PushVerdict.HEARTBEAT
+
+
+def test_empty_slave_accepts_first_push_anywhere_and_resets():
+    c = HAClientCore(now_ms=0)
+    c.reported(0, 0)
+    assert c.on_push(5 * SEG, 10, own_max=0, now_ms=1) is PushVerdict.RESET_AND_APPEND
+    assert c.on_push(0, 10, own_max=0, now_ms=1) is PushVerdict.APPEND
+
+
+def test_client_closes_after_20s_without_push():
+    c = HAClientCore(now_ms=0)
+    c.reported(0, 0)
+    c.on_push(0, 0, own_max=0, now_ms=1000)
+    assert not c.check_silence(1000 + T.housekeeping_ms)
+    assert c.check_silence(1000 + T.housekeeping_ms + 1)
+    assert c.state is ClientState.CLOSED
+
+
+# --- HAServiceCore: SYNC_MASTER wait ---------------------------------------------------------
+def test_ack_past_end_offset_acks():
+    s = HAServiceCore()
+    s.on_report(1, 1, 900, now_ms=0)
+    t = s.begin(end_offset=1000, now_ms=0)
+    assert t.state is WaitState.WAITING
+    s.on_report(1, 1, 1000, now_ms=10)
+    assert s.check(t, 10).state is WaitState.ACKED
+
+
+def test_ack_below_end_offset_does_not_ack():
+    s = HAServiceCore()
+    s.on_report(1, 1, 999, now_ms=0)
+    assert s.begin(1000, 0).state is WaitState.WAITING
+
+
+def test_timeout_after_5s_is_flush_slave_timeout():
+    s = HAServiceCore()
+    s.on_report(1, 1, 0, now_ms=0)
+    t = s.begin(1000, 0)
+    assert s.check(t, T.slave_ack_timeout_ms - 1).state is WaitState.WAITING
+    assert s.check(t, T.slave_ack_timeout_ms).state is WaitState.FLUSH_SLAVE_TIMEOUT
+    s.on_report(1, 1, 2000, now_ms=T.slave_ack_timeout_ms + 1)
+    assert s.check(t, T.slave_ack_timeout_ms + 1).state is WaitState.FLUSH_SLAVE_TIMEOUT  # one answer only
+
+
+def test_no_slave_connected_is_slave_not_available_at_once():
+    s = HAServiceCore()
+    assert s.begin(1000, 0).state is WaitState.SLAVE_NOT_AVAILABLE
+
+
+def test_slave_further_than_256MiB_is_not_available():
+    s = HAServiceCore()
+    s.on_report(1, 1, 0, now_ms=0)
+    assert s.begin(256 * MiB, 0).state is WaitState.SLAVE_NOT_AVAILABLE
+    assert s.begin(256 * MiB - 1, 0).state is WaitState.WAITING
+
+
+def test_any_one_slave_suffices_by_default():
+    s = HAServiceCore()
+    s.on_report(1, 1, 10, now_ms=0)
+    s.on_report(2, 2, 5000, now_ms=0)
+    assert s.begin(4000, 0).state is WaitState.ACKED
+
+
+def test_all_ack_in_sync_state_set_needs_every_member():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0, 1, 2}))
+    s.on_report(11, 1, 5000, now_ms=0)
+    s.on_report(12, 2, 10, now_ms=0)
+    t = s.begin(4000, 0)
+    assert t.state is WaitState.WAITING
+    s.on_report(12, 2, 4000, now_ms=1)
+    assert s.check(t, 1).state is WaitState.ACKED
+
+
+def test_all_ack_ignores_slaves_outside_the_set():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0, 1}))
+    s.on_report(11, 1, 5000, now_ms=0)
+    s.on_report(13, 3, 0, now_ms=0)     # broker 3 is not in the SyncStateSet
+    assert s.begin(4000, 0).state is WaitState.ACKED
+
+
+def test_all_ack_below_min_in_sync_replicas_is_not_available():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, min_in_sync_replicas=2,
+                      sync_state_set=frozenset({0}))
+    assert s.begin(10, 0).state is WaitState.SLAVE_NOT_AVAILABLE
+
+
+def test_removed_slave_no_longer_counts():
+    s = HAServiceCore()
+    s.on_report(1, 1, 100, now_ms=0)
+    s.remove(1)
+    assert s.best_ack() == -1
+    assert s.begin(50, 0).state is WaitState.SLAVE_NOT_AVAILABLE
+
+
+def test_in_sync_set_uses_gap_and_silence():
+    s = HAServiceCore()
+    s.on_report(1, 1, 300 * MiB, now_ms=0)
+    s.on_report(2, 2, 10, now_ms=0)
+    s.on_report(3, 3, 300 * MiB, now_ms=-T.housekeeping_ms - 1)
+    assert s.in_sync_broker_ids(300 * MiB, now_ms=0) == {1}
+
+
+def test_timings_validate():
+    HATimings().validate()
+    with pytest.raises(ValueError):
+        HATimings(heartbeat_interval_ms=0).validate()
+    with pytest.raises(ValueError):
+        HATimings(heartbeat_interval_ms=30_000).validate()
+
+
+def test_in_sync_requires_every_acked_message():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0, 1}))
+    s.on_report(11, 1, 1000, now_ms=0)
+    assert s.begin(1000, 0).state is WaitState.ACKED
+    assert s.confirm_offset == 1000
+    s.on_report(12, 2, 900, now_ms=0)          # broker 2 is within the gap but lacks an acked message
+    assert s.in_sync_broker_ids(1000, now_ms=0) == {1}
+    s.on_report(12, 2, 1000, now_ms=1)
+    assert s.in_sync_broker_ids(1000, now_ms=1) == {1, 2}
+
+
+# --- property: random event sequences ----------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+events = st.lists(st.tuples(st.sampled_from(["report", "act", "grow", "tick", "close"]),
+                            st.integers(0, 3 * SEG), st.integers(0, 30_000)), max_size=60)
+
+
+@given(events)
+@settings(max_examples=300)
+def test_connection_core_pushes_are_contiguous_capped_and_inside_one_segment(evs):
+    c = HAConnectionCore(SEG, now_ms=0)
+    master_max, now, last_next = SEG // 2, 0, -1
+    for kind, n, dt in evs:
+        now += dt
+        if kind == "grow":
+            master_max += n
+        elif kind == "report":
+            c.on_report(min(n, master_max), master_max, now)
+        elif kind == "close":
+            c.close("test")
+        act = c.next_action(now, master_max)
+        if isinstance(act, SendPush):
+            assert act.offset == c.next_offset >= last_next
+            assert 0 <= act.size <= T.max_transfer_bytes
+            assert act.offset + act.size <= master_max
+            assert act.size == 0 or act.offset // SEG == (act.offset + act.size - 1) // SEG
+            c.pushed(act.offset, act.size, now)
+            last_next = c.next_offset
+        if c.state is ConnState.CLOSED:
+            assert c.next_action(now + 10**6, master_max) is None   # closed stays closed, says nothing
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 100), st.integers(0, 8000)), max_size=60))
+@settings(max_examples=300)
+def test_client_core_accepts_only_in_step_pushes(evs):
+    c = HAClientCore(now_ms=0)
+    own, now = 100, 0
+    for jitter, size, dt in evs:
+        now += dt
+        offset = own + (jitter - 2 if jitter in (0, 1) else 0)   # mostly in step, sometimes not
+        verdict = c.on_push(offset, size, own, now)
+        if verdict in (PushVerdict.APPEND, PushVerdict.HEARTBEAT):
+            assert offset == own
+            own += size
+        elif verdict is PushVerdict.DROP:
+            assert c.state is ClientState.CLOSED
+        due = c.report_due(own, now)
+        if due is not None:
+            assert due == own
+            c.reported(due, now)
