@@ -1,0 +1,342 @@
+"""The node's HTTP API (aiohttp): DESIGN section 6's REST table, JSON and msgpack.
+
+Requests are JSON unless `Content-Type: application/x-msgpack`; responses are JSON
+unless `Accept` names application/x-msgpack. Both carry the same shapes, except that
+in JSON a message body is a UTF-8 string in `body` or base64 in `body_b64`, while
+msgpack carries raw bytes in `body`. Every failure answers
+`{"error", "message", "retriable", "leader"}` with a 4xx/5xx status; a request that
+fails its checks changes nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from typing import Any, Awaitable, Callable
+
+import msgpack
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from node.broker import BadRequest, Broker, OutgoingMessage, PullResult
+from node.openapi import openapi_document
+from node.store.errors import StoreError
+from node.store.message import StoredMessage
+
+log = logging.getLogger(__name__)
+
+MSGPACK = "application/x-msgpack"
+JSON = "application/json"
+BROKER_KEY: web.AppKey[Broker] = web.AppKey("broker", Broker)
+REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+MAX_KEYS_PER_MESSAGE = 64
+MAX_PROPERTIES_PER_MESSAGE = 256
+
+
+# --- encoding ---------------------------------------------------------------------------------
+def wants_msgpack(request: web.Request) -> bool:
+    return MSGPACK in request.headers.get("Accept", "")
+
+
+def reply(request: web.Request, doc: Any, status: int = 200) -> web.Response:
+    if wants_msgpack(request):
+        return web.Response(body=msgpack.packb(doc, use_bin_type=True), status=status, content_type=MSGPACK)
+    return web.Response(text=json.dumps(doc, separators=(",", ":")), status=status, content_type=JSON)
+
+
+async def read_doc(request: web.Request) -> dict[str, Any]:
+    """The request body as a map; 400 if it is not well-formed JSON/msgpack or not a map."""
+    raw = await request.read()   # aiohttp enforces client_max_size here (413)
+    if request.content_type == MSGPACK:
+        try:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+            raise BadRequest(f"malformed msgpack body: {e}") from None
+    else:
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"malformed JSON body: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest(f"request body must be an object, got {type(doc).__name__}")
+    return doc
+
+
+def render_message(m: StoredMessage, binary: bool) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "topic": m.topic, "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset, "commitlog_offset": m.physical_offset, "tags": m.tags,
+        "keys": m.keys, "properties": m.properties, "born_timestamp": m.born_timestamp,
+        "store_timestamp": m.store_timestamp, "born_host": m.born_host, "store_host": m.store_host,
+        "reconsume_times": m.reconsume_times, "body_crc": m.body_crc,
+    }
+    if binary:
+        doc["body"] = m.body
+    else:
+        try:
+            doc["body"] = m.body.decode("utf-8")
+        except UnicodeDecodeError:
+            doc["body_b64"] = base64.b64encode(m.body).decode("ascii")
+    return doc
+
+
+# --- request parsing --------------------------------------------------------------------------
+def _body_of(item: dict[str, Any], where: str) -> bytes:
+    body, b64 = item.get("body"), item.get("body_b64")
+    if (body is None) == (b64 is None):
+        raise BadRequest(f"{where}: give exactly one of body and body_b64")
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise BadRequest(f"{where}.body_b64 must be a base64 string")
+        try:
+            data = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"{where}.body_b64 is not valid base64") from None
+    elif isinstance(body, str):
+        data = body.encode("utf-8")
+    elif isinstance(body, bytes):
+        data = body
+    else:
+        raise BadRequest(f"{where}.body must be a string (JSON) or bytes (msgpack)")
+    if not data:
+        raise BadRequest(f"{where}: the message body is empty")   # RocketMQ Validators rejects it too
+    return data
+
+
+def _keys_of(item: dict[str, Any], where: str) -> list[str]:
+    keys = item.get("keys")
+    if keys is None:
+        return []
+    if isinstance(keys, str):
+        keys = keys.split()
+    if not isinstance(keys, list) or not all(isinstance(k, str) and k and " " not in k for k in keys):
+        raise BadRequest(f"{where}.keys must be a string or a list of strings without spaces")
+    if len(keys) > MAX_KEYS_PER_MESSAGE:
+        raise BadRequest(f"{where}.keys: {len(keys)} keys; the limit is {MAX_KEYS_PER_MESSAGE}")
+    return keys
+
+
+def _properties_of(item: dict[str, Any], where: str) -> dict[str, str]:
+    props = item.get("properties") or {}
+    if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
+        raise BadRequest(f"{where}.properties must map strings to strings")
+    if len(props) > MAX_PROPERTIES_PER_MESSAGE:
+        raise BadRequest(f"{where}.properties: {len(props)} entries; the limit is {MAX_PROPERTIES_PER_MESSAGE}")
+    return props
+
+
+def parse_message(item: Any, i: int) -> OutgoingMessage:
+    where = f"messages[{i}]"
+    if not isinstance(item, dict):
+        raise BadRequest(f"{where} must be an object")
+    tags = item.get("tags")
+    if tags is not None and (not isinstance(tags, str) or "||" in tags):
+        raise BadRequest(f"{where}.tags must be a string without '||'")
+    qid = item.get("queue_id")
+    if qid is not None and (isinstance(qid, bool) or not isinstance(qid, int)):
+        raise BadRequest(f"{where}.queue_id must be an integer")
+    born = item.get("born_timestamp", 0)
+    if isinstance(born, bool) or not isinstance(born, int) or born < 0:
+        raise BadRequest(f"{where}.born_timestamp must be a non-negative integer (ms)")
+    return OutgoingMessage(body=_body_of(item, where), tags=tags or None, keys=_keys_of(item, where),
+                           properties=_properties_of(item, where), queue_id=qid, born_timestamp=born)
+
+
+def query_int(request: web.Request, name: str, default: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name} must be an integer, got {raw!r}") from None
+
+
+def path_int(request: web.Request, name: str) -> int:
+    raw = request.match_info[name]
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer, got {raw!r}") from None
+
+
+# --- handlers ---------------------------------------------------------------------------------
+def broker_of(request: web.Request) -> Broker:
+    return request.app[BROKER_KEY]
+
+
+async def health(request: web.Request) -> web.Response:
+    doc = broker_of(request).health()
+    return reply(request, doc, 200 if doc["status"] == "UP" else 503)
+
+
+async def cluster(request: web.Request) -> web.Response:
+    return reply(request, broker_of(request).cluster())
+
+
+async def create_topic(request: web.Request) -> web.Response:
+    doc = await read_doc(request)
+    cfg = await broker_of(request).create_topic(doc.get("topic"), doc.get("queues"), doc.get("perm"),
+                                                read_queues=doc.get("read_queues"),
+                                                write_queues=doc.get("write_queues"))
+    return reply(request, cfg.to_dict())
+
+
+async def list_topics(request: web.Request) -> web.Response:
+    return reply(request, {"topics": [c.to_dict() for c in broker_of(request).list_topics()]})
+
+
+async def topic_status(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    topic = request.match_info["topic"]
+    queues = b.topic_status(topic)
+    return reply(request, {**b.topic(topic).to_dict(), "queues": queues})
+
+
+async def send(request: web.Request) -> web.Response:
+    doc = await read_doc(request)
+    items = doc.get("messages")
+    if not isinstance(items, list):
+        raise BadRequest("messages must be a list of message objects")
+    b = broker_of(request)
+    if len(items) > b.config.max_batch_messages:
+        raise BadRequest(f"{len(items)} messages in one request; the limit is {b.config.max_batch_messages}")
+    messages = [parse_message(item, i) for i, item in enumerate(items)]
+    results = await b.send(request.match_info["topic"], messages)
+    return reply(request, {"results": [r.to_dict() for r in results]})
+
+
+def render_pull(r: PullResult, binary: bool) -> dict[str, Any]:
+    return {"status": r.status, "next_offset": r.next_offset, "min_offset": r.min_offset,
+            "max_offset": r.max_offset, "messages": [render_message(m, binary) for m in r.messages]}
+
+
+async def pull(request: web.Request) -> web.Response:
+    offset = query_int(request, "offset")
+    if offset is None:
+        raise BadRequest("query parameter offset is required")
+    r = await broker_of(request).pull(request.match_info["topic"], path_int(request, "queue_id"), offset,
+                                      query_int(request, "max"), request.query.get("tags"),
+                                      query_int(request, "wait_ms", 0))
+    return reply(request, render_pull(r, wants_msgpack(request)))
+
+
+async def message_by_queue_offset(request: web.Request) -> web.Response:
+    m = broker_of(request).query_by_queue_offset(request.match_info["topic"], path_int(request, "queue_id"),
+                                                 path_int(request, "queue_offset"))
+    return reply(request, render_message(m, wants_msgpack(request)))
+
+
+async def commit_offset(request: web.Request) -> web.Response:
+    doc = await read_doc(request)
+    group = request.match_info["group"]
+    await broker_of(request).commit_offset(group, doc.get("topic"), doc.get("queue_id"), doc.get("offset"))
+    return reply(request, {"group": group, "topic": doc["topic"], "queue_id": doc["queue_id"],
+                           "offset": doc["offset"]})
+
+
+async def read_offsets(request: web.Request) -> web.Response:
+    group = request.match_info["group"]
+    table = broker_of(request).get_offsets(group, request.query.get("topic"))
+    rows = [{"topic": t, "queue_id": q, "offset": o} for t in sorted(table) for q, o in table[t].items()]
+    return reply(request, {"group": group, "offsets": rows})
+
+
+async def message_by_id(request: web.Request) -> web.Response:
+    m = broker_of(request).query_by_id(request.match_info["offset_msg_id"])
+    return reply(request, render_message(m, wants_msgpack(request)))
+
+
+async def messages_by_key(request: web.Request) -> web.Response:
+    key = request.query.get("key")
+    if key is None:
+        raise BadRequest("query parameter key is required (GET on this path queries by key)")
+    found = broker_of(request).query_by_key(request.match_info["topic"], key, query_int(request, "begin", 0),
+                                            query_int(request, "end"), query_int(request, "max", 32))
+    return reply(request, {"messages": [render_message(m, wants_msgpack(request)) for m in found]})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_document())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+# --- errors -------------------------------------------------------------------------------------
+def error_doc(code: str, message: str, retriable: bool = False, leader: str | None = None) -> dict[str, Any]:
+    return {"error": code, "message": message, "retriable": retriable, "leader": leader}
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]):
+    try:
+        return await handler(request)
+    except StoreError as e:
+        leader = getattr(e, "leader", None) or broker_of(request).log.leader()
+        return reply(request, error_doc(e.code, str(e), e.retriable, leader), e.http_status)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED", 413: "REQUEST_TOO_LARGE"}.get(e.status, "HTTP_ERROR")
+        return reply(request, error_doc(code, e.text or e.reason), e.status)
+    except Exception:  # noqa: BLE001 - the client gets a 500 with our shape; the log gets the trace
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return reply(request, error_doc("INTERNAL_ERROR", "internal error; see the node's log"), 500)
+
+
+# --- metrics ------------------------------------------------------------------------------------
+class BrokerCollector:
+    """Real values read at scrape time (the metrics issue adds the full rocketmq_* set)."""
+
+    def __init__(self, broker: Broker):
+        self.broker = broker
+
+    def collect(self):
+        b = self.broker
+        yield GaugeMetricFamily("rocketmq_commitlog_committed_offset", "Committed log position",
+                                value=b.log.committed_position)
+        yield GaugeMetricFamily("rocketmq_commitlog_min_offset", "First retained log position",
+                                value=b.log.min_position)
+        yield GaugeMetricFamily("rocketmq_dispatch_behind_bytes", "Committed bytes not yet dispatched",
+                                value=int(getattr(b.dispatcher, "behind_bytes", 0)))
+        yield CounterMetricFamily("rocketmq_messages_in", "User messages acknowledged since start",
+                                  value=b.messages_in)
+        yield GaugeMetricFamily("rocketmq_long_poll_waiters", "Pulls held by long polling",
+                                value=b.long_poll_waiters)
+        yield GaugeMetricFamily("rocketmq_topics", "Topics known to this node", value=len(b.topics))
+
+
+# --- app --------------------------------------------------------------------------------------------
+ROUTES: list[tuple[str, str, Callable]] = [
+    ("GET", "/health", health),
+    ("GET", "/cluster", cluster),
+    ("POST", "/topics", create_topic),
+    ("GET", "/topics", list_topics),
+    ("GET", "/topics/{topic}", topic_status),
+    ("POST", "/topics/{topic}/messages", send),
+    ("GET", "/topics/{topic}/messages", messages_by_key),
+    ("GET", "/topics/{topic}/queues/{queue_id}/messages", pull),
+    ("GET", "/topics/{topic}/queues/{queue_id}/messages/{queue_offset}", message_by_queue_offset),
+    ("POST", "/groups/{group}/offsets", commit_offset),
+    ("GET", "/groups/{group}/offsets", read_offsets),
+    ("GET", "/messages/{offset_msg_id}", message_by_id),
+    ("GET", "/openapi.json", openapi),
+    ("GET", "/metrics", metrics),
+]
+
+
+def make_app(broker: Broker) -> web.Application:
+    app = web.Application(client_max_size=broker.config.max_request_bytes, middlewares=[errors])
+    app[BROKER_KEY] = broker
+    registry = CollectorRegistry()
+    registry.register(BrokerCollector(broker))
+    app[REGISTRY_KEY] = registry
+    for method, path, handler in ROUTES:
+        app.router.add_route(method, path, handler)
+    return app

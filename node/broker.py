@@ -1,0 +1,816 @@
+"""The broker: RocketMQ's send / pull / offsets / query semantics over a ReplicatedLog.
+
+Everything that must survive failover goes through the log: messages, and (ours)
+topic configs and clustering consumer offsets, appended as small msgpack records
+to the system topics RMQ_SYS_TOPIC_CONFIG and RMQ_SYS_CONSUMER_OFFSET. The
+dispatcher hands each committed system record to `_apply_topic_config` /
+`_apply_consumer_offset`, on the leader and on every replica alike, so the state
+every node holds is a function of the committed log. The JSON files in `config/`
+are snapshots that make restarts fast; at start the broker replays the system
+queues past the snapshot, so a snapshot older than the log is never a loss.
+
+Reads (pull, queries) only see what the dispatcher has put in the consume queues,
+and the dispatcher only reads committed data.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import msgpack
+
+from node.config import BrokerConfig
+from node.replicated_log import PutResult, ReplicatedLog
+from node.store import layout as L
+from node.store import message as M
+from node.store.errors import CorruptRecord, InvalidMessage, StoreError
+from node.store.message import MessageDraft, StoredMessage
+
+log = logging.getLogger(__name__)
+
+SYS_TOPIC_CONFIG = "RMQ_SYS_TOPIC_CONFIG"
+SYS_CONSUMER_OFFSET = "RMQ_SYS_CONSUMER_OFFSET"
+SYSTEM_PREFIX = "RMQ_SYS_"
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_DEFAULT = PERM_READ | PERM_WRITE
+MAX_QUEUES_PER_TOPIC = 1024
+MAX_QUERY_RESULTS = 64                 # RocketMQ caps a key query at 64 (maxMsgsNumBatch)
+MAX_PULL_BYTES = 4 * 1024 * 1024       # a pull stops adding messages past this (at least one is sent)
+SYSTEM_APPLY_TIMEOUT_S = 10.0          # how long a commit waits for its record to be applied
+REPLAY_BATCH_UNITS = 1024
+SYSTEM_QUEUE = 0
+
+PULL_FOUND = "FOUND"
+PULL_NO_NEW_MSG = "NO_NEW_MSG"
+PULL_NO_MATCHED_MSG = "NO_MATCHED_MSG"
+PULL_OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+# --- errors the broker adds (errors.py holds the store's) ----------------------------------
+class BadRequest(StoreError):
+    code = "BAD_REQUEST"
+    http_status = 400
+
+
+class TopicNotExist(StoreError):
+    code = "TOPIC_NOT_EXIST"
+    http_status = 404
+
+
+class MessageNotFound(StoreError):
+    code = "NO_MESSAGE"
+    http_status = 404
+
+
+class MessageTooLarge(StoreError):
+    code = "MESSAGE_TOO_LARGE"
+    http_status = 413
+
+
+class NoPermission(StoreError):
+    code = "NO_PERMISSION"
+    http_status = 403
+
+
+class ApplyTimeout(StoreError):
+    """The record was appended but not applied in time; retrying the same commit is safe."""
+
+    code = "SYSTEM_BUSY"
+    retriable = True
+    http_status = 503
+
+
+# --- what the broker needs of its collaborators ---------------------------------------------
+class OffsetSnapshotStore(Protocol):
+    """Persists consumer offsets as `topic@group -> {queue_id: offset}` (consumerOffset.json)."""
+
+    def load(self) -> dict[str, dict[int, int]]: ...
+    def save(self, table: dict[str, dict[int, int]]) -> None: ...
+
+
+class TopicSnapshotStore(Protocol):
+    """Persists topic configs as `topic -> {read_queue_nums, write_queue_nums, perm}` (topics.json)."""
+
+    def load(self) -> dict[str, dict[str, int]]: ...
+    def save(self, table: dict[str, dict[str, int]]) -> None: ...
+
+
+# --- values --------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    topic: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int = PERM_DEFAULT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"topic": self.topic, "read_queue_nums": self.read_queue_nums,
+                "write_queue_nums": self.write_queue_nums, "perm": self.perm}
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """One message of a send request, as the API parsed it (types already checked)."""
+
+    body: bytes
+    tags: str | None = None
+    keys: list[str] = field(default_factory=list)
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int | None = None
+    born_timestamp: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    status: str
+    msg_id: str
+    offset_msg_id: str
+    queue_id: int
+    queue_offset: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "msg_id": self.msg_id, "offset_msg_id": self.offset_msg_id,
+                "queue_id": self.queue_id, "queue_offset": self.queue_offset}
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    messages: list[StoredMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """RocketMQ SubscriptionData: `*` (or empty) = all, else `TagA || TagB`."""
+
+    tags: frozenset[str]
+    codes: frozenset[int]
+
+    @property
+    def matches_all(self) -> bool:
+        return not self.tags
+
+    @classmethod
+    def parse(cls, expression: str | None) -> "Subscription":
+        text = (expression or "").strip()
+        if text in ("", "*"):
+            return cls(frozenset(), frozenset())
+        tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+        if not tags:
+            raise BadRequest(f"tag expression {expression!r} names no tag")
+        return cls(tags, frozenset(M.tags_code(t) for t in tags))
+
+
+# --- checks ----------------------------------------------------------------------------------
+def check_user_topic(topic: Any) -> str:
+    """A topic a client may name: valid, and not one of the broker's own."""
+    if not isinstance(topic, str):
+        raise BadRequest("topic must be a string")
+    try:
+        M.validate_topic(topic)
+    except InvalidMessage as e:
+        raise BadRequest(str(e)) from None
+    if topic.startswith(SYSTEM_PREFIX):
+        raise BadRequest(f"topic {topic!r} is reserved for the broker (prefix {SYSTEM_PREFIX})")
+    return topic
+
+
+def check_group(group: Any) -> str:
+    if not isinstance(group, str) or not group:
+        raise BadRequest("group must be a non-empty string")
+    if len(group) > L.MAX_GROUP_CHARS or not M.TOPIC_RE.match(group):
+        raise BadRequest(f"group {group!r} must be 1..{L.MAX_GROUP_CHARS} chars of [%|a-zA-Z0-9_-]")
+    return group
+
+
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name} must be an integer, got {type(value).__name__}")
+    if not lo <= value <= hi:
+        raise BadRequest(f"{name} must be {lo}..{hi}, got {value}")
+    return value
+
+
+async def wait_future(fut: asyncio.Future, timeout_s: float) -> bool:
+    """Wait for `fut` up to `timeout_s`; True if it completed. A timer resolves it instead of
+    asyncio.wait_for, whose 3.11 version can swallow a cancellation racing the timeout."""
+    loop = asyncio.get_running_loop()
+    timed_out = False
+
+    def expire() -> None:
+        nonlocal timed_out
+        if not fut.done():
+            timed_out = True
+            fut.set_result(None)
+
+    handle = loop.call_later(max(0.0, timeout_s), expire)
+    try:
+        await fut
+    finally:
+        handle.cancel()
+    return not timed_out
+
+
+class _Waiters:
+    """Long-poll waiters per (topic, queue), bounded in number; woken by the dispatcher."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.count = 0
+        self._by_queue: dict[tuple[str, int], set[asyncio.Future]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.get_ident()
+
+    def full(self) -> bool:
+        return self.count >= self.cap
+
+    async def wait(self, key: tuple[str, int], timeout_s: float) -> None:
+        fut = asyncio.get_running_loop().create_future()
+        self._by_queue.setdefault(key, set()).add(fut)
+        self.count += 1
+        try:
+            await wait_future(fut, timeout_s)  # timing out is the normal end of a long poll
+        finally:
+            self.count -= 1
+            waiting = self._by_queue.get(key)
+            if waiting is not None:
+                waiting.discard(fut)
+                if not waiting:
+                    del self._by_queue[key]
+
+    def notify(self, topic: str, queue_id: int, _new_max: int = 0) -> None:
+        """Dispatcher listener; safe to call from another thread."""
+        if self._loop is not None and threading.get_ident() != self._thread:
+            self._loop.call_soon_threadsafe(self._wake, (topic, queue_id))
+        else:
+            self._wake((topic, queue_id))
+
+    def _wake(self, key: tuple[str, int]) -> None:
+        for fut in self._by_queue.get(key, ()):
+            if not fut.done():
+                fut.set_result(None)
+
+    def wake_all(self) -> None:
+        for key in list(self._by_queue):
+            self._wake(key)
+
+
+class _AppliedMark:
+    """Highest physical offset of a system record applied; commits wait until theirs is."""
+
+    def __init__(self) -> None:
+        self.applied = -1
+        self._waiting: list[tuple[int, asyncio.Future]] = []
+
+    def advance(self, phys: int) -> None:
+        if phys <= self.applied:
+            return
+        self.applied = phys
+        still = []
+        for target, fut in self._waiting:
+            if target <= phys:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                still.append((target, fut))
+        self._waiting = still
+
+    async def wait(self, phys: int, timeout_s: float) -> None:
+        if phys <= self.applied:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append((phys, fut))
+        try:
+            if not await wait_future(fut, timeout_s):
+                raise ApplyTimeout(f"record at {phys} was committed but not applied within {timeout_s}s; "
+                                   f"retrying is safe")
+        finally:
+            self._waiting = [(t, f) for t, f in self._waiting if f is not fut]
+
+
+# Consumer-offset snapshots carry the replay point of the system queue under this key
+# (same `topic@group -> {queue: offset}` shape, so consumerOffset.json stays RocketMQ's).
+REPLAY_MARK_KEY = f"{SYS_CONSUMER_OFFSET}@%REPLAY%"
+
+
+class Broker:
+    """RocketMQ broker semantics. Every public coroutine raises StoreError subclasses only."""
+
+    def __init__(self, config: BrokerConfig, rlog: ReplicatedLog, cq_store: Any, index: Any, dispatcher: Any,
+                 topic_store: TopicSnapshotStore, offset_store: OffsetSnapshotStore, *,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)):
+        self.config = config
+        self.log = rlog
+        self.cq_store = cq_store
+        self.index = index
+        self.dispatcher = dispatcher
+        self.topic_store = topic_store
+        self.offset_store = offset_store
+        self.clock_ms = clock_ms
+        self.topics: dict[str, TopicConfig] = {}
+        self.offsets: dict[str, dict[int, int]] = {}      # "topic@group" -> queue -> offset
+        self._offsets_dirty = False
+        self._offset_replay_from = 0                        # next system-queue offset to replay
+        self._round_robin: dict[str, itertools.count] = {}
+        self._waiters = _Waiters(config.long_polling_max_waiters)
+        self._applied = _AppliedMark()
+        self._tasks: list[asyncio.Task] = []
+        self._store_ip = M.host_bytes(config.broker_ip1)
+        self.ready = False
+        self.messages_in = 0                               # user messages acked (metrics)
+        self.fatal: BaseException | None = None            # set when a background task dies
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def system_handlers(self) -> dict[str, Callable[[StoredMessage], None]]:
+        """Give these to the Dispatcher: it calls them for each committed system record."""
+        return {SYS_TOPIC_CONFIG: self._apply_topic_config, SYS_CONSUMER_OFFSET: self._apply_consumer_offset}
+
+    async def start(self) -> None:
+        """Log first, then derived state, then background work; ready only after catch-up."""
+        self._waiters.bind(asyncio.get_running_loop())
+        await self.log.start()
+        self._load_snapshots()  # before dispatch: records dispatched now apply on top of it
+        # The dispatcher recovers the consume queues itself (cut past the log end, drop expired).
+        await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
+        await _maybe_await(self.dispatcher.catch_up())
+        init = getattr(self.log, "init_queue_offsets", None)
+        if init is not None:
+            init(self.cq_store.max_offsets())
+        self._replay_system_queues()
+        self.dispatcher.add_listener(self._waiters.notify)
+        self._tasks = [asyncio.create_task(self._guard("dispatcher", self.dispatcher.run)),
+                       asyncio.create_task(self._guard("retention", self._retention_loop)),
+                       asyncio.create_task(self._guard("offset-snapshot", self._snapshot_loop))]
+        self.ready = True
+        log.info("broker ready", extra={"topics": len(self.topics), "committed": self.log.committed_position})
+
+    async def stop(self) -> None:
+        """Reverse of start: stop taking pulls, stop tasks, snapshot, stop the log."""
+        self.ready = False
+        self._waiters.wake_all()
+        stop = getattr(self.dispatcher, "stop", None)
+        if stop is not None:
+            await _maybe_await(stop())
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._save_snapshots()
+        flush = getattr(self.cq_store, "flush_all", None)
+        if flush is not None:
+            flush()
+        await self.log.stop()
+        close = getattr(self.cq_store, "close", None)
+        if close is not None:
+            close()
+
+    async def _guard(self, name: str, factory: Callable[[], Any]) -> None:
+        """Run a background task; a crash marks the broker fatal instead of vanishing silently."""
+        try:
+            await factory()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure of a background task is fatal here
+            log.exception("background task %s failed; the node stops serving", name)
+            self.fatal = e
+            self.ready = False
+
+    async def _retention_loop(self) -> None:
+        tick = getattr(self.log, "retention_tick", None)
+        while True:
+            await asyncio.sleep(10.0)
+            if tick is not None:
+                await _maybe_await(tick())
+            # Consume queues and index files follow the commitlog's head.
+            min_phys = self.log.min_physical_offset
+            self.cq_store.delete_expired(min_phys)
+            expire_index = getattr(self.index, "delete_expired", None)
+            if expire_index is not None:
+                expire_index(min_phys)
+
+    async def _snapshot_loop(self) -> None:
+        interval = self.config.flush_consumer_offset_interval_ms / 1000.0
+        while True:
+            await asyncio.sleep(interval)
+            if self._offsets_dirty:
+                self._save_snapshots()
+
+    # --- snapshots and replay ----------------------------------------------------------------
+    def _load_snapshots(self) -> None:
+        for topic, cfg in self.topic_store.load().items():
+            self.topics[topic] = TopicConfig(topic, int(cfg["read_queue_nums"]), int(cfg["write_queue_nums"]),
+                                             int(cfg.get("perm", PERM_DEFAULT)))
+        table = self.offset_store.load()
+        mark = table.pop(REPLAY_MARK_KEY, {})
+        self._offset_replay_from = int(mark.get(SYSTEM_QUEUE, 0))
+        self.offsets = {k: {int(q): int(o) for q, o in v.items()} for k, v in table.items()}
+
+    def _save_snapshots(self) -> None:
+        self.topic_store.save({t: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
+                                   "perm": c.perm} for t, c in self.topics.items()})
+        table = {k: dict(v) for k, v in self.offsets.items()}
+        cq = self.cq_store.get(SYS_CONSUMER_OFFSET, SYSTEM_QUEUE)
+        # Everything below the system queue's end has been applied, so replay can start there.
+        table[REPLAY_MARK_KEY] = {SYSTEM_QUEUE: cq.max_offset if cq is not None else 0}
+        self.offset_store.save(table)
+        self._offsets_dirty = False
+
+    def _replay_system_queues(self) -> None:
+        """Re-apply system records past the snapshots (idempotent: last write in log order wins)."""
+        n = self._replay_queue(SYS_TOPIC_CONFIG, 0, self._apply_topic_config)
+        n += self._replay_queue(SYS_CONSUMER_OFFSET, self._offset_replay_from, self._apply_consumer_offset)
+        if n:
+            log.info("replayed %d system records past the config snapshots", n)
+
+    def _replay_queue(self, topic: str, start: int, apply: Callable[[StoredMessage], None]) -> int:
+        cq = self.cq_store.get(topic, SYSTEM_QUEUE)
+        if cq is None:
+            return 0
+        offset, end, n = max(start, cq.min_offset), cq.max_offset, 0
+        while offset < end:
+            units = cq.get_range(offset, REPLAY_BATCH_UNITS)
+            if not units:
+                break  # a hole in the queue: nothing more to replay safely
+            for phys, size, _tags in units:
+                msg = self._read_unit(phys, size)
+                if msg is not None:
+                    apply(msg)
+                    n += 1
+            offset += len(units)
+        return n
+
+    # --- system records ----------------------------------------------------------------------
+    def _apply_topic_config(self, msg: StoredMessage) -> None:
+        # Marked applied first: waiters resume only after this handler returns, and a
+        # malformed record must not leave its committer waiting for the timeout.
+        self._applied.advance(msg.physical_offset)
+        rec = _unpack_system(msg)
+        if rec is None:
+            return
+        try:
+            cfg = TopicConfig(str(rec["topic"]), int(rec["read_queue_nums"]), int(rec["write_queue_nums"]),
+                              int(rec.get("perm", PERM_DEFAULT)))
+        except (KeyError, TypeError, ValueError):
+            log.error("ignoring malformed topic-config record at %d", msg.physical_offset)
+            return
+        if rec.get("deleted"):
+            self.topics.pop(cfg.topic, None)
+        else:
+            self.topics[cfg.topic] = cfg
+        self._offsets_dirty = True
+
+    def _apply_consumer_offset(self, msg: StoredMessage) -> None:
+        self._applied.advance(msg.physical_offset)
+        rec = _unpack_system(msg)
+        if rec is None:
+            return
+        try:
+            key = f"{rec['topic']}@{rec['group']}"
+            self.offsets.setdefault(key, {})[int(rec["queue_id"])] = int(rec["offset"])
+        except (KeyError, TypeError, ValueError):
+            log.error("ignoring malformed consumer-offset record at %d", msg.physical_offset)
+            return
+        self._offsets_dirty = True
+
+    async def _append_system(self, topic: str, record: dict) -> None:
+        """Append one system record and wait until the dispatcher has applied it here."""
+        draft = MessageDraft(topic=topic, queue_id=SYSTEM_QUEUE, body=msgpack.packb(record), properties={},
+                             born_timestamp=self.clock_ms()).seal(self.config.max_message_size)
+        (result,) = await self.log.append([draft])
+        await self._applied.wait(result.physical_offset, SYSTEM_APPLY_TIMEOUT_S)
+
+    # --- topics --------------------------------------------------------------------------------
+    async def create_topic(self, topic: Any, queues: Any = None, perm: Any = None, *,
+                           read_queues: Any = None, write_queues: Any = None) -> TopicConfig:
+        """Create or update (RocketMQ updateTopic is an upsert). Replicated through the log."""
+        topic = check_user_topic(topic)
+        default = self.config.default_topic_queue_nums if queues is None else queues
+        n = check_int("queues", default, 1, MAX_QUEUES_PER_TOPIC)
+        r = check_int("read_queues", n if read_queues is None else read_queues, 1, MAX_QUEUES_PER_TOPIC)
+        w = check_int("write_queues", n if write_queues is None else write_queues, 1, MAX_QUEUES_PER_TOPIC)
+        p = check_int("perm", PERM_DEFAULT if perm is None else perm, 0, PERM_DEFAULT)
+        if p & ~PERM_DEFAULT:
+            raise BadRequest(f"perm must combine read (4) and write (2), got {p}")
+        cfg = TopicConfig(topic, r, w, p)
+        if self.topics.get(topic) != cfg:
+            await self._append_system(SYS_TOPIC_CONFIG, cfg.to_dict())
+        return self.topics[topic]
+
+    def list_topics(self) -> list[TopicConfig]:
+        return [self.topics[t] for t in sorted(self.topics)]
+
+    def topic(self, topic: Any) -> TopicConfig:
+        topic = check_user_topic(topic)
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            raise TopicNotExist(f"topic {topic!r} does not exist")
+        return cfg
+
+    def topic_status(self, topic: Any) -> list[dict[str, int]]:
+        """Per queue: min_offset, max_offset, last_updated (store time of the newest message)."""
+        cfg = self.topic(topic)
+        out = []
+        for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+            lo, hi = self._queue_bounds(cfg.topic, qid)
+            last = 0
+            if hi > lo:
+                msg = self._message_at(cfg.topic, qid, hi - 1)
+                last = msg.store_timestamp if msg is not None else 0
+            out.append({"queue_id": qid, "min_offset": lo, "max_offset": hi, "last_updated": last})
+        return out
+
+    def _queue_bounds(self, topic: str, qid: int) -> tuple[int, int]:
+        cq = self.cq_store.get(topic, qid)
+        return (cq.min_offset, cq.max_offset) if cq is not None else (0, 0)
+
+    # --- send ------------------------------------------------------------------------------------
+    async def send(self, topic: Any, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
+        """Append a batch atomically (one log append); results in request order."""
+        cfg = await self._topic_for_send(topic)
+        if not messages:
+            raise BadRequest("messages must hold at least one message")
+        if len(messages) > self.config.max_batch_messages:
+            raise BadRequest(f"{len(messages)} messages in one request; the limit is {self.config.max_batch_messages}")
+        default_qid = next(self._round_robin.setdefault(cfg.topic, itertools.count())) % cfg.write_queue_nums
+        drafts = [self._draft(cfg, m, i, default_qid) for i, m in enumerate(messages)]
+        results = await self.log.append(drafts)
+        assert len(results) == len(drafts), "log returned a result per draft"
+        self.messages_in += len(drafts)
+        return [self._send_result(d, r) for d, r in zip(drafts, results)]
+
+    async def _topic_for_send(self, topic: Any) -> TopicConfig:
+        topic = check_user_topic(topic)
+        cfg = self.topics.get(topic)
+        if cfg is None:
+            if not self.config.auto_create_topic_enable:
+                raise TopicNotExist(f"topic {topic!r} does not exist (autoCreateTopicEnable=false)")
+            cfg = await self.create_topic(topic)
+        if not cfg.perm & PERM_WRITE:
+            raise NoPermission(f"topic {topic!r} is not writable (perm {cfg.perm})")
+        return cfg
+
+    def _draft(self, cfg: TopicConfig, m: OutgoingMessage, i: int, default_qid: int) -> MessageDraft:
+        where = f"messages[{i}]"
+        if len(m.body) > self.config.max_message_size:
+            raise MessageTooLarge(f"{where}: body is {len(m.body)} bytes; maxMessageSize is "
+                                  f"{self.config.max_message_size}")
+        qid = default_qid if m.queue_id is None else check_int(f"{where}.queue_id", m.queue_id, 0, 1 << 30)
+        if qid >= cfg.write_queue_nums:
+            raise BadRequest(f"{where}: queue_id {qid} is out of range; topic {cfg.topic!r} has "
+                             f"{cfg.write_queue_nums} write queues")
+        props = dict(m.properties)
+        if m.tags:
+            props[M.PROPERTY_TAGS] = m.tags
+        if m.keys:
+            props[M.PROPERTY_KEYS] = M.KEY_SEPARATOR.join(m.keys)
+        draft = MessageDraft(topic=cfg.topic, queue_id=qid, body=m.body, properties=props,
+                             born_timestamp=m.born_timestamp or self.clock_ms())
+        try:
+            return draft.seal(self.config.max_message_size)
+        except InvalidMessage as e:
+            raise BadRequest(f"{where}: {e}") from None
+
+    def _send_result(self, d: MessageDraft, r: PutResult) -> SendResult:
+        offset_id = M.encode_offset_msg_id(self._store_ip, self.config.listen_port, r.physical_offset)
+        msg_id = d.properties.get(M.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or offset_id
+        return SendResult(r.status.value, msg_id, offset_id, d.queue_id, r.queue_offset)
+
+    # --- pull ------------------------------------------------------------------------------------
+    async def pull(self, topic: Any, queue_id: Any, offset: Any, max_msgs: Any = None,
+                   tags: str | None = None, wait_ms: Any = 0) -> PullResult:
+        """DefaultMessageStore.getMessage, plus long polling when the queue has nothing new."""
+        cfg = self.topic(topic)
+        if not cfg.perm & PERM_READ:
+            raise NoPermission(f"topic {cfg.topic!r} is not readable (perm {cfg.perm})")
+        cap = self.config.max_transfer_count_on_message_in_memory
+        qid = check_int("queue_id", queue_id, 0, MAX_QUEUES_PER_TOPIC)
+        if qid >= cfg.read_queue_nums:
+            raise BadRequest(f"queue_id {qid} is out of range; topic {cfg.topic!r} has {cfg.read_queue_nums} "
+                             f"read queues")
+        offset = check_int("offset", offset, 0, 1 << 62)
+        n = check_int("max", cap if max_msgs is None else max_msgs, 1, 1 << 30)
+        wait = check_int("wait_ms", wait_ms, 0, 1 << 30)
+        sub = Subscription.parse(tags)
+        n = min(n, cap)
+        wait = min(wait, self.config.long_polling_max_wait_ms) if self.config.long_polling_enable else 0
+        deadline = time.monotonic() + wait / 1000.0
+        while True:
+            result = self._pull_once(cfg.topic, qid, offset, n, sub)
+            remaining = deadline - time.monotonic()
+            if result.status != PULL_NO_NEW_MSG or remaining <= 0 or self._waiters.full() or not self.ready:
+                return result
+            if self._queue_bounds(cfg.topic, qid)[1] > result.max_offset:
+                continue  # a message landed between the read and now
+            await self._waiters.wait((cfg.topic, qid), remaining)
+
+    def _pull_once(self, topic: str, qid: int, offset: int, n: int, sub: Subscription) -> PullResult:
+        lo, hi = self._queue_bounds(topic, qid)
+        if offset < lo:
+            return PullResult(PULL_OFFSET_ILLEGAL, lo, lo, hi, [])
+        if offset > hi:
+            return PullResult(PULL_OFFSET_ILLEGAL, hi, lo, hi, [])
+        if offset == hi:
+            return PullResult(PULL_NO_NEW_MSG, offset, lo, hi, [])
+        messages, next_offset = self._collect(self.cq_store.get(topic, qid), offset, hi, n, sub)
+        status = PULL_FOUND if messages else PULL_NO_MATCHED_MSG
+        return PullResult(status, next_offset, lo, hi, messages)
+
+    def _collect(self, cq: Any, offset: int, hi: int, n: int, sub: Subscription) -> tuple[list[StoredMessage], int]:
+        """Walk units from `offset`: at most n matches, maxFilterMessageCount units, MAX_PULL_BYTES."""
+        out: list[StoredMessage] = []
+        scan_left = self.config.max_filter_message_count if not sub.matches_all else n
+        size = 0
+        min_phys = self.log.min_physical_offset
+        while offset < hi and scan_left > 0 and len(out) < n and size < MAX_PULL_BYTES:
+            units = cq.get_range(offset, min(scan_left, REPLAY_BATCH_UNITS))
+            if not units:
+                break
+            for phys, unit_size, code in units:
+                if len(out) >= n or size >= MAX_PULL_BYTES:
+                    break
+                offset += 1
+                scan_left -= 1
+                if phys < min_phys or (sub.codes and code not in sub.codes):
+                    continue  # expired from the log, or a tag the subscription does not want
+                msg = self._read_unit(phys, unit_size)
+                if msg is None or (sub.tags and msg.tags not in sub.tags):
+                    continue  # hash collision: the tag string decides, like RocketMQ's consumer
+                out.append(msg)
+                size += unit_size
+        return out, offset
+
+    # --- consumer offsets (clustering) -------------------------------------------------------------
+    async def commit_offset(self, group: Any, topic: Any, queue_id: Any, offset: Any) -> None:
+        """Replicated through the log; returns once applied here, so a read sees it."""
+        group = check_group(group)
+        cfg = self.topic(topic)
+        qid = check_int("queue_id", queue_id, 0, MAX_QUEUES_PER_TOPIC)
+        if qid >= max(cfg.read_queue_nums, cfg.write_queue_nums):
+            raise BadRequest(f"queue_id {qid} is out of range for topic {cfg.topic!r}")
+        hi = self._queue_bounds(cfg.topic, qid)[1]
+        offset = check_int("offset", offset, 0, 1 << 62)
+        if offset > hi:
+            raise BadRequest(f"offset {offset} is past the queue's max offset {hi}")
+        await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
+                                                        "queue_id": qid, "offset": offset})
+
+    def get_offsets(self, group: Any, topic: Any = None) -> dict[str, dict[int, int]]:
+        """topic -> {queue_id: committed offset} for `group` (one topic when given)."""
+        group = check_group(group)
+        wanted = None if topic is None else self.topic(topic).topic
+        out: dict[str, dict[int, int]] = {}
+        for key, queues in self.offsets.items():
+            t, _, g = key.rpartition("@")
+            if g == group and (wanted is None or t == wanted):
+                out[t] = dict(sorted(queues.items()))
+        if wanted is not None:
+            out.setdefault(wanted, {})
+        return out
+
+    # --- queries -------------------------------------------------------------------------------------
+    def query_by_id(self, offset_msg_id: Any) -> StoredMessage:
+        if not isinstance(offset_msg_id, str):
+            raise BadRequest("offsetMsgId must be a string")
+        try:
+            _ip, _port, phys = M.decode_offset_msg_id(offset_msg_id)
+        except InvalidMessage as e:
+            raise BadRequest(str(e)) from None
+        msg = self._read_at(phys)
+        if msg is None or msg.offset_msg_id != offset_msg_id.upper() or msg.topic.startswith(SYSTEM_PREFIX):
+            raise MessageNotFound(f"no message with offsetMsgId {offset_msg_id} on this node")
+        return msg
+
+    def query_by_key(self, topic: Any, key: Any, begin_ms: Any = 0, end_ms: Any = None,
+                     max_num: Any = 32) -> list[StoredMessage]:
+        cfg = self.topic(topic)
+        if not isinstance(key, str) or not key or len(key) > 1024:
+            raise BadRequest("key must be a non-empty string of at most 1024 chars")
+        begin = check_int("begin", begin_ms, 0, 1 << 62)
+        end = check_int("end", self.clock_ms() if end_ms is None else end_ms, 0, 1 << 62)
+        n = check_int("max", max_num, 1, MAX_QUERY_RESULTS)
+        if end < begin:
+            raise BadRequest(f"end ({end}) is before begin ({begin})")
+        out = []
+        for phys in self.index.query(cfg.topic, key, begin, end, n)[:n]:
+            msg = self._read_at(phys)
+            # The index hashes keys, so check what it pointed at really carries the key.
+            if msg is not None and msg.topic == cfg.topic and key in _index_keys(msg) \
+                    and begin <= msg.store_timestamp <= end:
+                out.append(msg)
+        out.sort(key=lambda m: m.physical_offset)
+        return out
+
+    def query_by_queue_offset(self, topic: Any, queue_id: Any, queue_offset: Any) -> StoredMessage:
+        cfg = self.topic(topic)
+        qid = check_int("queue_id", queue_id, 0, MAX_QUEUES_PER_TOPIC)
+        qoff = check_int("queue_offset", queue_offset, 0, 1 << 62)
+        msg = self._message_at(cfg.topic, qid, qoff)
+        if msg is None:
+            lo, hi = self._queue_bounds(cfg.topic, qid)
+            raise MessageNotFound(f"no message at {cfg.topic}/{qid} offset {qoff} (queue holds [{lo}, {hi}))")
+        return msg
+
+    # --- reading ---------------------------------------------------------------------------------------
+    def _message_at(self, topic: str, qid: int, qoff: int) -> StoredMessage | None:
+        cq = self.cq_store.get(topic, qid)
+        unit = cq.get(qoff) if cq is not None else None
+        if unit is None or unit[0] < self.log.min_physical_offset:
+            return None
+        return self._read_unit(unit[0], unit[1])
+
+    def _read_unit(self, phys: int, size: int) -> StoredMessage | None:
+        """The record a consume-queue unit points at; None if it expired meanwhile."""
+        try:
+            return M.decode_record(self.log.read(phys, size))
+        except KeyError:
+            return None
+        except CorruptRecord:
+            # Units are written from committed, checked records; a bad one is damage worth a log line.
+            log.error("consume-queue unit points at a bad record", extra={"phys": phys, "size": size})
+            return None
+
+    def _read_at(self, phys: int) -> StoredMessage | None:
+        """The record starting at `phys` without knowing its size (offsetMsgId, index hits)."""
+        if phys < 0:
+            return None
+        reader = getattr(self.log, "read_record", None)
+        try:
+            if reader is not None:
+                return M.decode_record(reader(phys))
+            # Fallback through the Protocol: scan one record from its log position.
+            delta = L.ENTRY_HEADER.size if self.log.mode == "dledger" else 0
+            batch = self.log.scan(phys - delta, 1)
+        except (KeyError, CorruptRecord, ValueError, AssertionError):
+            return None
+        if not batch.records or batch.records[0].physical_offset != phys:
+            return None
+        try:
+            return M.decode_record(batch.records[0].data)
+        except CorruptRecord:
+            return None
+
+    # --- status -----------------------------------------------------------------------------------------
+    @property
+    def long_poll_waiters(self) -> int:
+        return self._waiters.count
+
+    def health(self) -> dict[str, Any]:
+        st = self.log.status()
+        out = {"status": "UP" if self.ready and self.fatal is None else "DOWN", "mode": self.log.mode,
+               "role": self.log.role(), "group": self.config.group, "node_id": self.config.node_id,
+               "committed_offset": self.log.committed_position}
+        for k in ("term", "leader"):
+            if st.get(k) is not None:
+                out[k] = st[k]
+        if "leader" not in out and self.log.leader() is not None:
+            out["leader"] = self.log.leader()
+        return out
+
+    def cluster(self) -> dict[str, Any]:
+        return {"cluster": self.config.broker_cluster_name, "group": self.config.group,
+                "node_id": self.config.node_id, "mode": self.log.mode, "role": self.log.role(),
+                "leader": self.log.leader(), "committed_offset": self.log.committed_position,
+                "min_offset": self.log.min_position,
+                "dispatch_behind_bytes": int(getattr(self.dispatcher, "behind_bytes", 0)),
+                "log": self.log.status()}
+
+
+async def _maybe_await(value: Any) -> Any:
+    """Collaborators may be sync or async; the broker does not mind which."""
+    if asyncio.iscoroutine(value) or isinstance(value, asyncio.Future):
+        return await value
+    return value
+
+
+def _unpack_system(msg: StoredMessage) -> dict | None:
+    try:
+        rec = msgpack.unpackb(msg.body, raw=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError):
+        log.error("ignoring undecodable system record at %d", msg.physical_offset)
+        return None
+    if not isinstance(rec, dict):
+        log.error("ignoring system record at %d: not a map", msg.physical_offset)
+        return None
+    return rec
+
+
+def _index_keys(msg: StoredMessage) -> set[str]:
+    keys = set(msg.keys)
+    uniq = msg.properties.get(M.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    if uniq:
+        keys.add(uniq)
+    return keys

@@ -1,0 +1,414 @@
+"""RocketMQ `broker.conf` -> one frozen `BrokerConfig`, parsed once and validated at start.
+
+The file uses Java properties syntax (`key=value`, `key: value`, `key value`,
+`#`/`!` comments, `\\` line continuation, `\\uXXXX` escapes) and RocketMQ's key
+names, spelling included (`mapedFileSizeConsumeQueue`, `dLegerPeers`). Containers
+override any key with an environment variable `MQSTORE_<key>` (e.g.
+`MQSTORE_listenPort=10921`); those are read here, at the edge, and nowhere else.
+Unknown keys are logged as warnings, never fatal, so a stock RocketMQ broker.conf
+starts a node. Anything invalid raises `ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "MQSTORE_"
+BROKER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+FLUSH_DISK_TYPES = ("ASYNC_FLUSH", "SYNC_FLUSH")
+CQ_UNIT_BYTES = 20
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A config value is missing, malformed or out of range; the message names the key."""
+
+
+def _key(name: str, default: Any) -> Any:
+    """A dataclass field whose broker.conf key is `name`."""
+    return field(default=default, metadata={"key": name})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    # --- identity -------------------------------------------------------------------------
+    # Cluster this broker group belongs to (routes are grouped by it).
+    broker_cluster_name: str = _key("brokerClusterName", "DefaultCluster")
+    # Broker group name; every replica of one group shares it.
+    broker_name: str = _key("brokerName", "broker-a")
+    # 0 = master in classic mode; > 0 = slave. Ignored in DLedger mode (Raft decides).
+    broker_id: int = _key("brokerId", 0)
+    # Classic replication rule: ASYNC_MASTER acks at once, SYNC_MASTER after a slave acks.
+    broker_role: str = _key("brokerRole", "ASYNC_MASTER")
+
+    # --- storage --------------------------------------------------------------------------
+    # SYNC_FLUSH fsyncs before acking (group commit); ASYNC_FLUSH flushes every interval.
+    flush_disk_type: str = _key("flushDiskType", "ASYNC_FLUSH")
+    # ASYNC_FLUSH period in ms (RocketMQ flushIntervalCommitLog).
+    flush_interval_commit_log_ms: int = _key("flushIntervalCommitLog", 500)
+    # SYNC_FLUSH: how long a producer waits for the fsync before FLUSH_DISK_TIMEOUT, ms.
+    sync_flush_timeout_ms: int = _key("syncFlushTimeout", 5000)
+    # Root of the store directory (commitlog/, consumequeue/, index/, config/, checkpoint).
+    store_path_root_dir: str = _key("storePathRootDir", os.path.join("~", "store"))
+    # Commitlog segment size in bytes; a store must be reopened with the size it was written with.
+    mapped_file_size_commit_log: int = _key("mappedFileSizeCommitLog", 1024 * MIB)
+    # Consume-queue file size in bytes (RocketMQ's spelling); a multiple of the 20-byte unit.
+    maped_file_size_consume_queue: int = _key("mapedFileSizeConsumeQueue", 300_000 * CQ_UNIT_BYTES)
+    # Largest message body accepted, bytes.
+    max_message_size: int = _key("maxMessageSize", 4 * MIB)
+    # Index file geometry (IndexService): hash slots and entries per file.
+    max_hash_slot_num: int = _key("maxHashSlotNum", 5_000_000)
+    max_index_num: int = _key("maxIndexNum", 20_000_000)
+    # Hours a commitlog segment is kept after its last write.
+    file_reserved_time_hours: int = _key("fileReservedTime", 72)
+    # Hours of day (00-23, ';'-separated) at which expired segments are deleted.
+    delete_when: str = _key("deleteWhen", "04")
+    # Percent of disk use above which expired files are deleted at once, whatever the hour.
+    disk_max_used_space_ratio_pct: int = _key("diskMaxUsedSpaceRatio", 75)
+    # (ours) Percent of disk use above which writes are refused (RocketMQ's 0.90 warning level).
+    disk_space_warning_level_ratio_pct: int = _key("diskSpaceWarningLevelRatio", 90)
+    # Period of the consumer-offset snapshot to config/consumerOffset.json, ms.
+    flush_consumer_offset_interval_ms: int = _key("flushConsumerOffsetInterval", 5000)
+
+    # --- network --------------------------------------------------------------------------
+    # HTTP API port (RocketMQ's remoting port); /metrics is served here too.
+    listen_port: int = _key("listenPort", 10911)
+    # Address the API binds to (RocketMQ NettyServerConfig.bindAddress).
+    bind_address: str = _key("bindAddress", "0.0.0.0")
+    # Address this node advertises (in offsetMsgId, leader hints). IPv4.
+    broker_ip1: str = _key("brokerIP1", "127.0.0.1")
+    # Classic HA: master's listening port for slaves.
+    ha_listen_port: int = _key("haListenPort", 10912)
+    # Classic HA: slave's `host:port` of the master's HA port; empty = learn from the controller.
+    ha_master_address: str = _key("haMasterAddress", "")
+    # Classic HA: whether a slave serves pulls.
+    slave_read_enable: bool = _key("slaveReadEnable", False)
+    # Controller API addresses `host:port;host:port` (namesrvAddr is accepted as an alias).
+    controller_addr: str = _key("controllerAddr", "")
+
+    # --- DLedger ----------------------------------------------------------------------------
+    # True: the commitlog is a DLedger Raft log replicated over dLegerPeers.
+    enable_dleger_commit_log: bool = _key("enableDLegerCommitLog", False)
+    # Raft group name (usually the brokerName).
+    dleger_group: str = _key("dLegerGroup", "")
+    # `n0-host:port;n1-host:port;...`: every member's id and Raft address.
+    dleger_peers: str = _key("dLegerPeers", "")
+    # This node's id in dLegerPeers.
+    dleger_self_id: str = _key("dLegerSelfId", "")
+    # Member that leadership is transferred to when it is healthy; empty = none.
+    preferred_leader_id: str = _key("preferredLeaderId", "")
+
+    # --- broker semantics -------------------------------------------------------------------
+    # Create an unknown topic on first send. (ours) off by default: a typo should not
+    # silently create a topic (RocketMQ defaults to true and advises false in production).
+    auto_create_topic_enable: bool = _key("autoCreateTopicEnable", False)
+    # Queues of a topic created without a count (auto-create, POST /topics without queues).
+    default_topic_queue_nums: int = _key("defaultTopicQueueNums", 8)
+    # Upper bound on messages returned by one pull (RocketMQ maxTransferCountOnMessageInMemory).
+    max_transfer_count_on_message_in_memory: int = _key("maxTransferCountOnMessageInMemory", 32)
+    # Upper bound on consume-queue units scanned by one filtered pull.
+    max_filter_message_count: int = _key("maxFilterMessageCount", 16_000)
+    # Long polling: hold a pull that found nothing until a message arrives or wait_ms ends.
+    long_polling_enable: bool = _key("longPollingEnable", True)
+    # (ours) Longest wait_ms honoured, ms (RocketMQ's brokerSuspendMaxTimeMillis is 15 s).
+    long_polling_max_wait_ms: int = _key("longPollingMaxWaitMs", 30_000)
+    # (ours) Most pulls held at once; beyond it a pull answers immediately (short polling).
+    long_polling_max_waiters: int = _key("longPollingMaxWaiters", 10_000)
+    # (ours) Most messages in one send request.
+    max_batch_messages: int = _key("maxBatchMessages", 1024)
+    # (ours) Largest HTTP request body, bytes: room for one max-size message in base64 JSON.
+    max_request_bytes: int = _key("maxRequestBytes", 32 * MIB)
+    # Access control switch (checked by the ACL issue; here only parsed).
+    acl_enable: bool = _key("aclEnable", False)
+    # (ours) Python logging level of the node.
+    log_level: str = _key("logLevel", "INFO")
+
+    # --- derived ----------------------------------------------------------------------------
+    @property
+    def cq_units_per_file(self) -> int:
+        return self.maped_file_size_consume_queue // CQ_UNIT_BYTES
+
+    @property
+    def store_root(self) -> str:
+        return os.path.abspath(os.path.expanduser(self.store_path_root_dir))
+
+    @property
+    def node_id(self) -> str:
+        """Name used in logs and /health: the DLedger self id, else brokerName-brokerId."""
+        return self.dleger_self_id or f"{self.broker_name}-{self.broker_id}"
+
+    @property
+    def group(self) -> str:
+        return self.dleger_group or self.broker_name
+
+    @property
+    def api_address(self) -> str:
+        return f"{self.broker_ip1}:{self.listen_port}"
+
+    def validate(self) -> "BrokerConfig":
+        """Raise ConfigError naming the first bad key; return self for chaining."""
+        for check in _CHECKS:
+            check(self)
+        return self
+
+
+# --- key table -----------------------------------------------------------------------------
+FIELDS_BY_KEY: dict[str, dataclasses.Field] = {f.metadata["key"]: f for f in dataclasses.fields(BrokerConfig)}
+KEY_OF: dict[str, str] = {f.name: k for k, f in FIELDS_BY_KEY.items()}
+# Other spellings RocketMQ users write, mapped to ours.
+ALIASES = {"namesrvAddr": "controllerAddr", "mappedFileSizeConsumeQueue": "mapedFileSizeConsumeQueue"}
+
+
+def _fail(attr: str, why: str) -> None:
+    raise ConfigError(f"{KEY_OF[attr]}: {why}")
+
+
+def _in_range(attr: str, lo: int, hi: int):
+    def check(c: BrokerConfig) -> None:
+        v = getattr(c, attr)
+        if not lo <= v <= hi:
+            _fail(attr, f"must be {lo}..{hi}, got {v}")
+    return check
+
+
+def _one_of(attr: str, allowed: tuple[str, ...]):
+    def check(c: BrokerConfig) -> None:
+        v = getattr(c, attr)
+        if v not in allowed:
+            _fail(attr, f"must be one of {', '.join(allowed)}, got {v!r}")
+    return check
+
+
+def _check_cq_size(c: BrokerConfig) -> None:
+    if c.maped_file_size_consume_queue % CQ_UNIT_BYTES:
+        _fail("maped_file_size_consume_queue", f"must be a multiple of {CQ_UNIT_BYTES}, "
+              f"got {c.maped_file_size_consume_queue}")
+
+
+def _check_segment_fits_message(c: BrokerConfig) -> None:
+    # A record never spans two files, so the largest record must fit one segment.
+    if c.mapped_file_size_commit_log < c.max_message_size + 64 * 1024:
+        _fail("mapped_file_size_commit_log", f"must exceed maxMessageSize ({c.max_message_size}) "
+              f"by 64 KiB, got {c.mapped_file_size_commit_log}")
+
+
+def _check_request_fits_message(c: BrokerConfig) -> None:
+    need = c.max_message_size * 4 // 3 + 64 * 1024   # base64 body in JSON plus envelope
+    if c.max_request_bytes < need:
+        _fail("max_request_bytes", f"must be >= {need} to carry one maxMessageSize message, "
+              f"got {c.max_request_bytes}")
+
+
+def _check_delete_when(c: BrokerConfig) -> None:
+    for part in c.delete_when.split(";"):
+        if not (part.isdigit() and 0 <= int(part) <= 23):
+            _fail("delete_when", f"must be hours 00-23 separated by ';', got {c.delete_when!r}")
+
+
+def _check_ip(c: BrokerConfig) -> None:
+    if not re.fullmatch(r"(\d{1,3}\.){3}\d{1,3}", c.broker_ip1) or \
+            any(int(p) > 255 for p in c.broker_ip1.split(".")):
+        _fail("broker_ip1", f"must be an IPv4 address (it is stored in every record), got {c.broker_ip1!r}")
+
+
+def _check_dledger(c: BrokerConfig) -> None:
+    if not c.enable_dleger_commit_log:
+        return
+    peers = parse_dleger_peers(c.dleger_peers)
+    if not peers:
+        _fail("dleger_peers", "must list the group as id-host:port;... when enableDLegerCommitLog=true")
+    if c.dleger_self_id not in peers:
+        _fail("dleger_self_id", f"must be one of the dLegerPeers ids {sorted(peers)}, got {c.dleger_self_id!r}")
+    if c.preferred_leader_id and c.preferred_leader_id not in peers:
+        _fail("preferred_leader_id", f"must be one of {sorted(peers)}, got {c.preferred_leader_id!r}")
+
+
+def _check_names(c: BrokerConfig) -> None:
+    for attr in ("broker_cluster_name", "broker_name"):
+        v = getattr(c, attr)
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", v):
+            _fail(attr, f"must be 1..64 chars of [A-Za-z0-9_.-], got {v!r}")
+    if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        _fail("log_level", f"must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {c.log_level!r}")
+
+
+_CHECKS = (
+    _check_names,
+    _one_of("broker_role", BROKER_ROLES),
+    _one_of("flush_disk_type", FLUSH_DISK_TYPES),
+    _in_range("broker_id", 0, 1_000),
+    _in_range("listen_port", 1, 65535),
+    _in_range("ha_listen_port", 1, 65535),
+    _in_range("flush_interval_commit_log_ms", 1, 60_000),
+    _in_range("sync_flush_timeout_ms", 1, 600_000),
+    _in_range("mapped_file_size_commit_log", 4096, 1 << 40),
+    _in_range("maped_file_size_consume_queue", CQ_UNIT_BYTES, 1 << 34),
+    _check_cq_size,
+    _in_range("max_message_size", 1, 256 * MIB),
+    _check_segment_fits_message,
+    _check_request_fits_message,
+    _in_range("max_hash_slot_num", 1, 1 << 28),
+    _in_range("max_index_num", 1, 1 << 28),
+    _in_range("file_reserved_time_hours", 0, 24 * 365 * 10),
+    _check_delete_when,
+    _in_range("disk_max_used_space_ratio_pct", 10, 95),
+    _in_range("disk_space_warning_level_ratio_pct", 10, 99),
+    _in_range("flush_consumer_offset_interval_ms", 100, 600_000),
+    _check_ip,
+    _check_dledger,
+    _in_range("default_topic_queue_nums", 1, 1024),
+    _in_range("max_transfer_count_on_message_in_memory", 1, 1024),
+    _in_range("max_filter_message_count", 1, 1_000_000),
+    _in_range("long_polling_max_wait_ms", 0, 600_000),
+    _in_range("long_polling_max_waiters", 0, 1_000_000),
+    _in_range("max_batch_messages", 1, 100_000),
+    _in_range("max_request_bytes", 1, 1 << 31),
+)
+
+
+def parse_dleger_peers(text: str) -> dict[str, str]:
+    """`n0-host:port;n1-host:port` -> {id: host:port}; raises ConfigError if malformed."""
+    peers: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(";"))):
+        ident, sep, addr = part.partition("-")
+        host, colon, port = addr.rpartition(":")
+        if not (sep and ident and colon and host and port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"dLegerPeers: entry {part!r} is not id-host:port")
+        if ident in peers:
+            raise ConfigError(f"dLegerPeers: id {ident!r} appears twice")
+        peers[ident] = addr
+    return peers
+
+
+# --- Java properties syntax ---------------------------------------------------------------
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str):
+    """Yield (line_number, logical line): comments dropped, continuations joined."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        start, line = i + 1, lines[i].lstrip(" \t\f")
+        i += 1
+        if not line or line[0] in "#!":
+            continue
+        # An odd number of trailing backslashes continues onto the next line.
+        while (len(line) - len(line.rstrip("\\"))) % 2 == 1 and i < len(lines):
+            line = line[:-1] + lines[i].lstrip(" \t\f")
+            i += 1
+        if (len(line) - len(line.rstrip("\\"))) % 2 == 1:
+            line = line[:-1]  # continuation at end of file: Java drops the backslash
+        yield start, line
+
+
+def _unescape(s: str, line_no: int) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(s):
+        ch = s[i]
+        if ch != "\\" or i + 1 == len(s):
+            out.append(ch)
+            i += 1
+            continue
+        nxt = s[i + 1]
+        if nxt == "u":
+            hexpart = s[i + 2:i + 6]
+            if len(hexpart) != 4 or not all(c in "0123456789abcdefABCDEF" for c in hexpart):
+                raise ConfigError(f"line {line_no}: malformed \\uXXXX escape {s[i:i + 6]!r}")
+            out.append(chr(int(hexpart, 16)))
+            i += 6
+        else:
+            out.append(_ESCAPES.get(nxt, nxt))
+            i += 2
+    return "".join(out)
+
+
+def _split_key_value(line: str) -> tuple[str, str]:
+    """Key ends at the first unescaped '=', ':' or whitespace; one separator is consumed."""
+    i = 0
+    while i < len(line) and line[i] not in "=: \t\f":
+        i += 2 if line[i] == "\\" else 1
+    key, rest = line[:i], line[i:].lstrip(" \t\f")
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip(" \t\f")
+    return key, rest
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Java `Properties.load` semantics; later duplicates win, as in Java."""
+    props: dict[str, str] = {}
+    for line_no, line in _logical_lines(text):
+        key, value = _split_key_value(line)
+        props[_unescape(key, line_no)] = _unescape(value, line_no)
+    return props
+
+
+# --- typed conversion -------------------------------------------------------------------------
+def _convert(key: str, raw: str, kind: type) -> Any:
+    raw = raw.strip()
+    if kind is bool:
+        if raw.lower() in ("true", "false"):
+            return raw.lower() == "true"
+        raise ConfigError(f"{key}: must be true or false, got {raw!r}")
+    if kind is int:
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"{key}: must be an integer, got {raw!r}") from None
+    return raw
+
+
+def _field_type(f: dataclasses.Field) -> type:
+    return {"int": int, "bool": bool, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+
+
+def from_properties(props: Mapping[str, str]) -> tuple[BrokerConfig, list[str]]:
+    """Typed, validated config plus warnings (unknown keys). Raises ConfigError."""
+    values: dict[str, Any] = {}
+    warnings: list[str] = []
+    for raw_key, raw in props.items():
+        key = ALIASES.get(raw_key, raw_key)
+        f = FIELDS_BY_KEY.get(key)
+        if f is None:
+            warnings.append(f"unknown config key {raw_key!r} ignored")
+            continue
+        values[f.name] = _convert(raw_key, raw, _field_type(f))
+    return BrokerConfig(**values).validate(), warnings
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    """`MQSTORE_<key>=value` pairs, keyed by the broker.conf key."""
+    return {k[len(ENV_PREFIX):]: v for k, v in environ.items() if k.startswith(ENV_PREFIX) and len(k) > len(ENV_PREFIX)}
+
+
+def load_config(path: str | None, environ: Mapping[str, str] | None = None) -> BrokerConfig:
+    """Read `path` (None = defaults only), apply environment overrides, validate; log warnings."""
+    props: dict[str, str] = {}
+    if path is not None:
+        try:
+            with open(path, encoding="latin-1") as f:  # Java reads .properties as ISO-8859-1
+                props = parse_properties(f.read())
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    props.update(env_overrides(os.environ if environ is None else environ))
+    config, warnings = from_properties(props)
+    for w in warnings:
+        log.warning(w)
+    return config
+
+
+def to_properties(config: BrokerConfig) -> dict[str, str]:
+    """The config as broker.conf key -> text (for /cluster, brokerStatus and round-trip tests)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        out[f.metadata["key"]] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out

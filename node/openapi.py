@@ -1,0 +1,154 @@
+"""The OpenAPI 3.1 document served at /openapi.json, written by hand to match node/api.py.
+
+tests/unit/test_api.py checks that every route of the app appears here with its method.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _ok(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema},
+                                                    "application/x-msgpack": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(c): {"description": _ERROR_TEXT[c], "content": {"application/json": {"schema": _ref("Error")}}}
+            for c in codes}
+
+
+_ERROR_TEXT = {400: "malformed or invalid input; nothing changed", 403: "topic permission forbids it",
+               404: "unknown topic or message", 413: "request or message too large",
+               421: "this node is not the leader (see `leader`)", 503: "store stopped or busy (see `retriable`)",
+               504: "flush timeout", 507: "disk full"}
+
+
+def _param(name: str, where: str, schema_type: str, description: str, required: bool = False) -> dict[str, Any]:
+    return {"name": name, "in": where, "required": required or where == "path",
+            "schema": {"type": schema_type}, "description": description}
+
+
+def _body(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": schema},
+                                          "application/x-msgpack": {"schema": schema}}}
+
+
+TOPIC = _param("topic", "path", "string", "topic name, ^[%|a-zA-Z0-9_-]+$, at most 127 chars")
+QUEUE = _param("queue_id", "path", "integer", "queue id, 0 <= queue_id < queue count")
+GROUP = _param("group", "path", "string", "consumer group, at most 120 chars")
+
+
+def _paths() -> dict[str, Any]:
+    return {
+        "/health": {"get": {"summary": "Node health", "responses": {"200": _ok(_ref("Health")),
+                                                                    "503": _ok(_ref("Health"), "not serving")}}},
+        "/cluster": {"get": {"summary": "Roles, terms, commit/applied indexes, HA offsets of the group",
+                             "responses": {"200": _ok({"type": "object"})}}},
+        "/topics": {
+            "post": {"summary": "Create or update a topic (replicated through the log)",
+                     "requestBody": _body(_ref("TopicCreate")),
+                     "responses": {"200": _ok(_ref("Topic")), **_errors(400, 421, 503)}},
+            "get": {"summary": "List topics", "responses": {"200": _ok({"type": "object", "properties": {
+                "topics": {"type": "array", "items": _ref("Topic")}}})}}},
+        "/topics/{topic}": {"get": {"summary": "Topic config and per-queue min/max offset, last update",
+                                    "parameters": [TOPIC],
+                                    "responses": {"200": _ok(_ref("TopicStatus")), **_errors(400, 404)}}},
+        "/topics/{topic}/messages": {
+            "post": {"summary": "Send messages (one atomic batch); results in order", "parameters": [TOPIC],
+                     "requestBody": _body(_ref("SendRequest")),
+                     "responses": {"200": _ok({"type": "object", "properties": {
+                         "results": {"type": "array", "items": _ref("SendResult")}}}),
+                         **_errors(400, 403, 404, 413, 421, 503, 504, 507)}},
+            "get": {"summary": "Query messages by key and store-time range (index file)",
+                    "parameters": [TOPIC, _param("key", "query", "string", "message key", True),
+                                   _param("begin", "query", "integer", "ms, default 0"),
+                                   _param("end", "query", "integer", "ms, default now"),
+                                   _param("max", "query", "integer", "1..64, default 32")],
+                    "responses": {"200": _ok({"type": "object", "properties": {
+                        "messages": {"type": "array", "items": _ref("Message")}}}), **_errors(400, 404)}}},
+        "/topics/{topic}/queues/{queue_id}/messages": {"get": {
+            "summary": "Pull (long polling with wait_ms)",
+            "parameters": [TOPIC, QUEUE, _param("offset", "query", "integer", "queue offset to read from", True),
+                           _param("max", "query", "integer", "most messages (capped by the broker, 32)"),
+                           _param("tags", "query", "string", "`*` or `TagA || TagB`"),
+                           _param("wait_ms", "query", "integer", "long-poll time when nothing is new")],
+            "responses": {"200": _ok(_ref("PullResult")), **_errors(400, 403, 404)}}},
+        "/topics/{topic}/queues/{queue_id}/messages/{queue_offset}": {"get": {
+            "summary": "Query one message by queue offset",
+            "parameters": [TOPIC, QUEUE, _param("queue_offset", "path", "integer", "queue offset")],
+            "responses": {"200": _ok(_ref("Message")), **_errors(400, 404)}}},
+        "/groups/{group}/offsets": {
+            "post": {"summary": "Commit a consumer offset (clustering; replicated through the log)",
+                     "parameters": [GROUP], "requestBody": _body(_ref("OffsetCommit")),
+                     "responses": {"200": _ok(_ref("OffsetCommit")), **_errors(400, 404, 421, 503)}},
+            "get": {"summary": "Read a group's committed offsets",
+                    "parameters": [GROUP, _param("topic", "query", "string", "only this topic")],
+                    "responses": {"200": _ok({"type": "object", "properties": {
+                        "group": {"type": "string"},
+                        "offsets": {"type": "array", "items": _ref("OffsetCommit")}}}), **_errors(400, 404)}}},
+        "/messages/{offset_msg_id}": {"get": {
+            "summary": "Query one message by offsetMsgId (32 hex chars)",
+            "parameters": [_param("offset_msg_id", "path", "string", "store ip 4 + port 4 + commit offset 8, hex")],
+            "responses": {"200": _ok(_ref("Message")), **_errors(400, 404)}}},
+        "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OK"}}}},
+        "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}},
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    integer, string = {"type": "integer"}, {"type": "string"}
+    return {
+        "Error": {"type": "object", "required": ["error", "message", "retriable"], "properties": {
+            "error": string, "message": string, "retriable": {"type": "boolean"},
+            "leader": {"type": ["string", "null"]}}},
+        "Health": {"type": "object", "properties": {
+            "status": {"enum": ["UP", "DOWN"]}, "mode": string, "role": string, "group": string, "node_id": string,
+            "term": integer, "leader": string, "committed_offset": integer}},
+        "TopicCreate": {"type": "object", "required": ["topic"], "properties": {
+            "topic": string, "queues": integer, "read_queues": integer, "write_queues": integer,
+            "perm": {"type": "integer", "description": "4 read | 2 write, default 6"}}},
+        "Topic": {"type": "object", "properties": {"topic": string, "read_queue_nums": integer,
+                                                    "write_queue_nums": integer, "perm": integer}},
+        "TopicStatus": {"allOf": [_ref("Topic"), {"type": "object", "properties": {"queues": {
+            "type": "array", "items": {"type": "object", "properties": {
+                "queue_id": integer, "min_offset": integer, "max_offset": integer,
+                "last_updated": {"type": "integer", "description": "store time (ms) of the newest message"}}}}}}]},
+        "OutgoingMessage": {"type": "object", "properties": {
+            "body": {"description": "UTF-8 text (JSON) or bytes (msgpack)"},
+            "body_b64": {"type": "string", "description": "base64 body (JSON only); exactly one of body/body_b64"},
+            "tags": string, "keys": {"oneOf": [string, {"type": "array", "items": string}]},
+            "properties": {"type": "object", "additionalProperties": string}, "queue_id": integer,
+            "born_timestamp": integer}},
+        "SendRequest": {"type": "object", "required": ["messages"], "properties": {
+            "messages": {"type": "array", "items": _ref("OutgoingMessage")}}},
+        "SendResult": {"type": "object", "properties": {
+            "status": {"enum": ["SEND_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT", "SLAVE_NOT_AVAILABLE"]},
+            "msg_id": string, "offset_msg_id": string, "queue_id": integer, "queue_offset": integer}},
+        "Message": {"type": "object", "properties": {
+            "msg_id": string, "offset_msg_id": string, "topic": string, "queue_id": integer,
+            "queue_offset": integer, "commitlog_offset": integer, "tags": {"type": ["string", "null"]},
+            "keys": {"type": "array", "items": string},
+            "properties": {"type": "object", "additionalProperties": string},
+            "born_timestamp": integer, "store_timestamp": integer, "born_host": string, "store_host": string,
+            "reconsume_times": integer, "body_crc": integer,
+            "body": {"description": "UTF-8 text (JSON) or bytes (msgpack)"},
+            "body_b64": {"type": "string", "description": "JSON only, when the body is not valid UTF-8"}}},
+        "PullResult": {"type": "object", "properties": {
+            "status": {"enum": ["FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"]},
+            "next_offset": integer, "min_offset": integer, "max_offset": integer,
+            "messages": {"type": "array", "items": _ref("Message")}}},
+        "OffsetCommit": {"type": "object", "required": ["topic", "queue_id", "offset"], "properties": {
+            "group": string, "topic": string, "queue_id": integer, "offset": integer}},
+    }
+
+
+def openapi_document() -> dict[str, Any]:
+    return {"openapi": "3.1.0",
+            "info": {"title": "mqstore node API", "version": "0.1.0",
+                     "description": "RocketMQ-style message store node: JSON for people, msgpack for clients."},
+            "paths": _paths(), "components": {"schemas": _schemas()}}

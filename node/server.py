@@ -1,0 +1,212 @@
+"""Process wiring: config -> file system -> log -> store services -> Broker -> HTTP API.
+
+`build_log(config, fs, checkpoint)` is the one place a replication mode is chosen:
+standalone today; DLedger (`enableDLegerCommitLog=true`) and classic HA
+(`brokerRole` + `haMasterAddress` / controller) plug in here when they exist.
+Logging: one JSON object per line when stderr is not a terminal (containers,
+integration tests), readable lines otherwise; every line names node and group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from aiohttp import web
+
+from node.broker import Broker
+from node.config import BrokerConfig
+from node.replicated_log import ReplicatedLog
+from node.store.checkpoint import Checkpoint
+from node.store.consume_queue import ConsumeQueueStore
+from node.store.dispatcher import Dispatcher
+from node.store.errors import StoreError, StoreFatal
+from node.store.fileio import FileSystem
+from node.store.index_file import IndexService
+from node.store.json_config import ConsumerOffsetTable, TopicConfig, TopicConfigTable
+from node.store.retention import RetentionPolicy
+
+log = logging.getLogger("node.server")
+_STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class NotBuiltYet(StoreError):
+    """A mode the config asks for whose implementation has not landed."""
+
+    code = "NOT_BUILT_YET"
+
+
+# --- logging ----------------------------------------------------------------------------------
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, msg, node, group, and any `extra` fields."""
+
+    def __init__(self, node_id: str, group: str):
+        super().__init__()
+        self.node_id = node_id
+        self.group = group
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+                               "msg": record.getMessage(), "node": self.node_id, "group": self.group}
+        for k, v in record.__dict__.items():
+            if k not in _STD_ATTRS and not k.startswith("_"):
+                out[k] = v if isinstance(v, (int, float, str, bool, type(None))) else str(v)
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, separators=(",", ":"))
+
+
+def setup_logging(config: BrokerConfig, stream=None) -> None:
+    stream = stream or sys.stderr
+    handler = logging.StreamHandler(stream)
+    if stream.isatty():
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s %(levelname)s [{config.node_id}/{config.group}] %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(JsonFormatter(config.node_id, config.group))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log_level.upper())
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request is too much
+
+
+# --- snapshot adapters (broker's view of the config/ JSON files) ----------------------------------
+class TopicSnapshots:
+    """Broker topic dicts <-> TopicConfigTable (topics.json); writes only what changed."""
+
+    def __init__(self, table: TopicConfigTable):
+        self.table = table
+
+    def load(self) -> dict[str, dict[str, int]]:
+        self.table.load()
+        return {name: {"read_queue_nums": c.readQueueNums, "write_queue_nums": c.writeQueueNums, "perm": c.perm}
+                for name, c in self.table.all().items()}
+
+    def save(self, topics: dict[str, dict[str, int]]) -> None:
+        current = self.table.all()
+        for name, c in topics.items():
+            cfg = TopicConfig(name, c["read_queue_nums"], c["write_queue_nums"], c["perm"])
+            if current.get(name) != cfg:
+                self.table.put(cfg)
+        for name in set(current) - set(topics):
+            self.table.delete(name)
+
+
+class OffsetSnapshots:
+    """Broker offset dicts <-> ConsumerOffsetTable (consumerOffset.json)."""
+
+    def __init__(self, table: ConsumerOffsetTable):
+        self.table = table
+
+    def load(self) -> dict[str, dict[int, int]]:
+        self.table.load()
+        return self.table.table()
+
+    def save(self, offsets: dict[str, dict[int, int]]) -> None:
+        current = self.table.table()
+        for key, queues in offsets.items():
+            topic, _, group = key.rpartition("@")
+            for qid, off in queues.items():
+                if current.get(key, {}).get(qid) != off:
+                    self.table.commit(group, topic, qid, off)
+        self.table.persist()
+
+
+# --- building ----------------------------------------------------------------------------------
+def build_log(config: BrokerConfig, fs: FileSystem, checkpoint: Checkpoint) -> ReplicatedLog:
+    """The ReplicatedLog for this node's mode. DLedger and classic HA plug in here."""
+    if config.enable_dleger_commit_log:
+        raise NotBuiltYet("enableDLegerCommitLog=true: the DLedger log (dledger/) is not wired into the "
+                          "node yet; run standalone (enableDLegerCommitLog=false)")
+    if config.broker_role == "SLAVE" or config.ha_master_address:
+        raise NotBuiltYet("classic HA (brokerRole=SLAVE / haMasterAddress) is not wired into the node yet; "
+                          "run a standalone master (brokerRole=ASYNC_MASTER or SYNC_MASTER)")
+    from node.local_log import LocalLog, LocalLogConfig
+    retention = RetentionPolicy(file_reserved_time_hours=config.file_reserved_time_hours,
+                                delete_when=config.delete_when,
+                                disk_max_used_space_ratio=config.disk_max_used_space_ratio_pct,
+                                disk_space_warning_level_ratio=config.disk_space_warning_level_ratio_pct)
+    llc = LocalLogConfig(segment_size_bytes=config.mapped_file_size_commit_log,
+                         flush_disk_type=config.flush_disk_type,
+                         flush_interval_ms=config.flush_interval_commit_log_ms,
+                         sync_flush_timeout_ms=config.sync_flush_timeout_ms,
+                         store_ip=config.broker_ip1, store_port=config.listen_port, retention=retention)
+    checkpoint.load()
+    return LocalLog(fs, config.store_root, llc, checkpoint_committed_offset=checkpoint.committed_offset)
+
+
+def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:
+    fs = fs or FileSystem()
+    root = config.store_root
+    fs.makedirs(root)
+    checkpoint = Checkpoint(fs, root)
+    rlog = build_log(config, fs, checkpoint)
+    cq_store = ConsumeQueueStore(fs, root, config.cq_units_per_file)
+    index = IndexService(fs, root, hash_slots=config.max_hash_slot_num, max_entries=config.max_index_num)
+    dispatcher = Dispatcher(rlog, cq_store, index, checkpoint)
+    broker = Broker(config, rlog, cq_store, index, dispatcher,
+                    TopicSnapshots(TopicConfigTable(fs, root)), OffsetSnapshots(ConsumerOffsetTable(fs, root)))
+    dispatcher.system_handlers.update(broker.system_handlers())
+    return broker
+
+
+# --- running -----------------------------------------------------------------------------------
+async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -> int:
+    """Start the broker and API, run until SIGTERM/SIGINT (or stop_event), stop cleanly.
+    Returns the process exit code: 0 after a clean stop, 1 after a fatal store error."""
+    from node.api import make_app
+    stop_event = stop_event or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_event.set)
+    t0 = time.monotonic()
+    broker = build_broker(config)
+    await broker.start()
+    runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
+    await runner.setup()
+    await web.TCPSite(runner, config.bind_address, config.listen_port, reuse_address=True).start()
+    log.info("node serving", extra={"api": f"{config.bind_address}:{config.listen_port}", "mode": broker.log.mode,
+                                    "store": config.store_root, "startup_s": round(time.monotonic() - t0, 3)})
+    watcher = asyncio.create_task(_watch_fatal(broker, stop_event))
+    await stop_event.wait()
+    watcher.cancel()
+    log.info("stopping")
+    await runner.cleanup()
+    await broker.stop()
+    fatal = broker.fatal or _log_fatal(broker)
+    log.info("stopped", extra={"fatal": str(fatal or "")})
+    return 1 if fatal is not None else 0
+
+
+def _log_fatal(broker: Broker) -> BaseException | None:
+    return getattr(broker.log, "fatal", None)
+
+
+async def _watch_fatal(broker: Broker, stop_event: asyncio.Event) -> None:
+    """A fatal store error (failed fsync, dead dispatcher) stops the process: recovery is a restart."""
+    while not stop_event.is_set():
+        await asyncio.sleep(0.5)
+        fatal = broker.fatal or _log_fatal(broker)
+        if fatal is not None:
+            log.error("fatal store error, stopping: %s", fatal)
+            stop_event.set()
+
+
+def main(config: BrokerConfig) -> int:
+    setup_logging(config)
+    try:
+        return asyncio.run(serve(config))
+    except StoreFatal as e:
+        log.error("fatal store error at startup: %s", e)
+        return 1
+    except StoreError as e:
+        log.error("cannot start: %s", e)
+        return 2
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        return 2

@@ -1,0 +1,118 @@
+"""`mqstore` admin verbs: golden output against a live in-process node app.
+
+Method: the test_broker harness (in-memory log with deterministic store timestamps) served by
+aiohttp on a free loopback port in a background thread; `mqstore.cli.main` talks to it over
+HTTP exactly as from a shell. TZ is pinned to UTC so timestamps print the same everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+import time
+
+import pytest
+from aiohttp import web
+
+from mqstore import cli
+from node.api import make_app
+from tests.integration.test_node_process import free_port
+from tests.unit.test_broker import make_broker
+
+
+@pytest.fixture
+def endpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    port = free_port()
+    ready, stop = threading.Event(), threading.Event()
+    state: dict = {}
+
+    async def serve():
+        h = make_broker(str(tmp_path))
+        await h.broker.start()
+        runner = web.AppRunner(make_app(h.broker))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        state["h"] = h
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.02)
+        await runner.cleanup()
+        await h.broker.stop()
+
+    t = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f"127.0.0.1:{port}"
+    stop.set()
+    t.join(10)
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def run_cli(endpoint: str, *args: str) -> tuple[int, str]:
+    out = io.StringIO()
+    rc = cli.main([*args, "-n", endpoint], out=out)
+    return rc, out.getvalue()
+
+
+def settle(endpoint: str, topic: str, qid: int, want: int) -> None:
+    for _ in range(200):
+        doc = json.loads(run_cli(endpoint, "topicStatus", "-t", topic, "--json")[1])
+        if doc["queues"][qid]["max_offset"] >= want:
+            return
+        time.sleep(0.01)
+    raise AssertionError("not dispatched")
+
+
+def test_golden_tables(endpoint):
+    rc, out = run_cli(endpoint, "updateTopic", "-t", "TopicA", "-r", "2", "-w", "2")
+    assert rc == 0 and out == (f"create topic to {endpoint} success.\n"
+                               "TopicConfig [topicName=TopicA, readQueueNums=2, writeQueueNums=2, perm=6]\n")
+    rc, out = run_cli(endpoint, "send", "-t", "TopicA", "-b", "hello", "--tags", "TagA", "--keys", "K1 K2",
+                      "-q", "1")
+    offset_id = "7F00000100002A9F00000000000000A6"
+    assert out == (f"SendResult [sendStatus=SEND_OK, msgId={offset_id}, offsetMsgId={offset_id}, "
+                   "messageQueue=MessageQueue [topic=TopicA, brokerName=broker-a, queueId=1], queueOffset=0]\n")
+    settle(endpoint, "TopicA", 1, 1)
+    assert run_cli(endpoint, "topicList") == (0, "TopicA\n")
+    rc, out = run_cli(endpoint, "topicStatus", "-t", "TopicA")
+    assert out == (
+        "#Broker Name                      #QID  #Min Offset           #Max Offset             #Last Updated\n"
+        "broker-a                          0     0                     0                       \n"
+        "broker-a                          1     0                     1                       2023-11-14 22:13:20,166\n")
+    rc, out = run_cli(endpoint, "queryMsgByKey", "-t", "TopicA", "-k", "K2")
+    assert out == ("#Message ID" + " " * 40 + "#QID" + " " * 34 + "#Offset\n"
+                   f"{offset_id}                      1                                        0\n")
+    rc, out = run_cli(endpoint, "queryMsgByOffset", "-t", "TopicA", "-q", "1", "-o", "0")
+    lines = out.splitlines()
+    assert lines[:8] == [f"OffsetID:            {offset_id}", "Topic:               TopicA",
+                         "Tags:                [TagA]", "Keys:                [K1 K2]", "Queue ID:            1",
+                         "Queue Offset:        0", "CommitLog Offset:    166", "Reconsume Times:     0"]
+    assert lines[9] == "Store Timestamp:     2023-11-14 22:13:20,166"
+    assert lines[-2].startswith("Message Body Path:") and lines[-1] == "Message Body:        hello"
+    rc, by_id = run_cli(endpoint, "queryMsgById", "-i", offset_id)
+    assert by_id == out
+    rc, out = run_cli(endpoint, "pull", "-t", "TopicA", "-q", "1", "-o", "0")
+    assert out == ("status=FOUND next_offset=1 min_offset=0 max_offset=1 messages=1\n"
+                   f"0          {offset_id}  tags=TagA  body=hello\n")
+    rc, out = run_cli(endpoint, "brokerStatus")
+    assert "status                          : UP\n" in out and "role                            : STANDALONE\n" in out
+
+
+def test_json_flag_and_errors(endpoint, capsys):
+    rc, out = run_cli(endpoint, "topicList", "--json")
+    assert rc == 0 and json.loads(out) == {"topics": []}
+    rc, out = run_cli(endpoint, "topicStatus", "-t", "Nope")
+    assert rc == 1 and out == ""
+    assert "ERROR: TOPIC_NOT_EXIST: topic 'Nope' does not exist [HTTP 404]" in capsys.readouterr().err
+    rc, _ = run_cli("127.0.0.1:1", "topicList")
+    assert rc == 1 and "cannot reach the node at 127.0.0.1:1" in capsys.readouterr().err
+
+
+def test_unbuilt_verbs_say_so(capsys):
+    assert cli.main(["controller"]) == 1
+    assert "`mqstore controller` is not built yet" in capsys.readouterr().err
