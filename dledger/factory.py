@@ -1,4 +1,4 @@
-"""Build a DLedgerLog from the broker's config (the lead wires this into node/server.py).
+"""Build a DLedgerLog from the broker's config (node.server.build_log calls it).
 
 Keys read: dLegerGroup (default brokerName), dLegerPeers `n0-host:port;...` (Raft
 addresses), dLegerSelfId, preferredLeaderId, flushDiskType, flushIntervalCommitLog,
@@ -7,7 +7,7 @@ segment size: must be equal on every replica), brokerIP1/listenPort (store host
 stamped into records).
 
 Peers' API addresses (for NotLeader hints): `dLegerPeerApis` `n0-host:port;...` if
-the config has that key; otherwise by convention the Raft host and Raft port - 30000
+set; otherwise by convention the Raft host and Raft port - 30000
 (40911 -> 10911, RocketMQ's default pair). This node's own API address is always
 brokerIP1:listenPort.
 """
@@ -36,9 +36,8 @@ def peer_addresses(config: BrokerConfig) -> dict[str, tuple[str, int]]:
 
 
 def peer_api_addresses(config: BrokerConfig, raft: dict[str, tuple[str, int]]) -> dict[str, str]:
-    explicit = getattr(config, "dleger_peer_apis", "") or ""
-    if explicit:
-        apis = parse_dleger_peers(explicit)
+    if config.dleger_peer_apis:
+        apis = parse_dleger_peers(config.dleger_peer_apis, key="dLegerPeerApis")
         missing = set(raft) - set(apis)
         if missing:
             raise ConfigError(f"dLegerPeerApis: no API address for {sorted(missing)}")

@@ -8,7 +8,6 @@
 - `ha.controller`    pure election and replicated ops + the pysyncobj state machine
 - `ha.controller_server`  the `mqstore controller` process (`main`) and the broker-side ControllerClient
 - `ha.wiring`        build_ha_log(config, fs, checkpoint) / attach_truncation(broker) for node.server
-- `ha.node_launcher` the real node with HA wired in, until node.server does it (tests use it)
 
 `python -m ha --data-dir DIR [--port 9876 --raft-port 9878 --peers h:p,h:p --peer-apis h:p,h:p]`
 runs a controller.

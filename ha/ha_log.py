@@ -555,12 +555,11 @@ class HALog:
 
 def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConfig,
                               checkpoint_committed_offset: int | None = None) -> HALog:
-    """Build an HALog from a node.config.BrokerConfig (the lead calls this from build_log)."""
-    g = lambda name, default: getattr(config, name, default)   # noqa: E731  keys not yet in BrokerConfig
+    """Build an HALog from a node.config.BrokerConfig (called from node.server.build_log)."""
     controller = bool(config.controller_addr)
     role = SLAVE if config.broker_role == "SLAVE" else MASTER
-    timings = HATimings(max_gap_not_in_sync_bytes=g("ha_max_gap_not_in_sync_bytes", 256 * 1024 * 1024),
-                        slave_ack_timeout_ms=g("ha_slave_ack_timeout_ms", 5000))
+    timings = HATimings(max_gap_not_in_sync_bytes=config.ha_max_gap_not_in_sync_bytes,
+                        slave_ack_timeout_ms=config.ha_slave_ack_timeout_ms)
     master_host = config.ha_master_address.rpartition(":")[0]
     return HALog(fs, config.store_root, local_config, HALogConfig(
         broker_id=config.broker_id, initial_role=role,
@@ -568,11 +567,12 @@ def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConf
         sync_master=config.broker_role != "ASYNC_MASTER",
         controller_mode=controller, ha_listen_host=config.bind_address, ha_listen_port=config.ha_listen_port,
         ha_master_address=config.ha_master_address,
-        master_api_address=g("master_api_address", None) or (f"{master_host}:{config.listen_port}" if master_host else None),
+        master_api_address=f"{master_host}:{config.listen_port}" if master_host else None,
         self_api_address=f"{config.broker_ip1}:{config.listen_port}",
         self_ha_address=f"{config.broker_ip1}:{config.ha_listen_port}",
-        election_priority=g("election_priority", config.broker_id),
-        all_ack_in_sync_state_set=g("all_ack_in_sync_state_set", False),
-        min_in_sync_replicas=g("min_in_sync_replicas", 1), timings=timings,
+        election_priority=(config.broker_election_priority if config.broker_election_priority >= 0
+                           else config.broker_id),
+        all_ack_in_sync_state_set=config.all_ack_in_sync_state_set,
+        min_in_sync_replicas=config.min_in_sync_replicas, timings=timings,
         controller_addrs=tuple(a.strip() for a in config.controller_addr.replace(",", ";").split(";") if a.strip()),
         group=config.group), checkpoint_committed_offset)

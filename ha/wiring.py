@@ -1,4 +1,4 @@
-"""How classic HA plugs into the node (for the lead's `node.server.build_log`).
+"""How classic HA plugs into the node (`node.server.build_log` and `build_broker`).
 
     log = build_ha_log(config, fs, checkpoint)     # an HALog, or None when classic HA is off
     attach_truncation(broker)                       # after build_broker: CQs follow truncations
@@ -7,8 +7,6 @@ Classic HA is on when `brokerRole=SLAVE`, `haMasterAddress` or `controllerAddr` 
 or `brokerRole=SYNC_MASTER` (a SYNC_MASTER without the HA port could never be acked).
 With `controllerAddr` the broker's role comes from the controller (it starts as a slave
 with no master and writes are refused until the controller names a master).
-`python -m ha.node_launcher -c broker.conf` runs the real node with this wiring, until
-`node.server.build_log` calls it directly.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ from __future__ import annotations
 import logging
 
 from ha.ha_log import HALog, ha_log_from_broker_config
-from node.local_log import LocalLogConfig
 from node.store.fileio import FileSystem
-from node.store.retention import RetentionPolicy
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +29,9 @@ def classic_ha_enabled(config) -> bool:
 def build_ha_log(config, fs: FileSystem, checkpoint) -> HALog | None:
     if not classic_ha_enabled(config):
         return None
-    retention = RetentionPolicy(file_reserved_time_hours=config.file_reserved_time_hours,
-                                delete_when=config.delete_when,
-                                disk_max_used_space_ratio=config.disk_max_used_space_ratio_pct,
-                                disk_space_warning_level_ratio=config.disk_space_warning_level_ratio_pct)
-    llc = LocalLogConfig(segment_size_bytes=config.mapped_file_size_commit_log,
-                         flush_disk_type=config.flush_disk_type,
-                         flush_interval_ms=config.flush_interval_commit_log_ms,
-                         sync_flush_timeout_ms=config.sync_flush_timeout_ms,
-                         store_ip=config.broker_ip1, store_port=config.listen_port, retention=retention)
+    from node.server import local_log_config
     checkpoint.load()
-    return ha_log_from_broker_config(config, fs, llc, checkpoint.committed_offset)
+    return ha_log_from_broker_config(config, fs, local_log_config(config), checkpoint.committed_offset)
 
 
 def attach_truncation(broker) -> None:

@@ -92,6 +92,16 @@ class BrokerConfig:
     slave_read_enable: bool = _key("slaveReadEnable", False)
     # Controller API addresses `host:port;host:port` (namesrvAddr is accepted as an alias).
     controller_addr: str = _key("controllerAddr", "")
+    # Classic HA: a slave further behind than this many bytes is not in sync (SLAVE_NOT_AVAILABLE).
+    ha_max_gap_not_in_sync_bytes: int = _key("haMaxGapNotInSync", 256 * MIB)
+    # Classic HA: SYNC_MASTER waits this long for a slave's ack before FLUSH_SLAVE_TIMEOUT, ms.
+    ha_slave_ack_timeout_ms: int = _key("haSlaveAckTimeout", 5000)
+    # Classic HA: SYNC_MASTER acks only when every SyncStateSet member has the message.
+    all_ack_in_sync_state_set: bool = _key("allAckInSyncStateSet", False)
+    # Classic HA: fewest SyncStateSet members (master included) for a SYNC_MASTER write.
+    min_in_sync_replicas: int = _key("minInSyncReplicas", 1)
+    # Classic HA with a controller: higher wins among equally fresh replicas; default brokerId.
+    broker_election_priority: int = _key("brokerElectionPriority", -1)
 
     # --- DLedger ----------------------------------------------------------------------------
     # True: the commitlog is a DLedger Raft log replicated over dLegerPeers.
@@ -104,6 +114,9 @@ class BrokerConfig:
     dleger_self_id: str = _key("dLegerSelfId", "")
     # Member that leadership is transferred to when it is healthy; empty = none.
     preferred_leader_id: str = _key("preferredLeaderId", "")
+    # (ours) `n0-host:port;...`: every member's API address, for not-leader hints;
+    # empty = each Raft host with the Raft port - 30000 (40911 -> 10911).
+    dleger_peer_apis: str = _key("dLegerPeerApis", "")
 
     # --- broker semantics -------------------------------------------------------------------
     # Create an unknown topic on first send. (ours) off by default: a typo should not
@@ -125,6 +138,9 @@ class BrokerConfig:
     max_batch_messages: int = _key("maxBatchMessages", 1024)
     # (ours) Largest HTTP request body, bytes: room for one max-size message in base64 JSON.
     max_request_bytes: int = _key("maxRequestBytes", 32 * MIB)
+    # Delay levels for scheduled messages and retries (RocketMQ's messageDelayLevel).
+    message_delay_level: str = _key("messageDelayLevel",
+                                    "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
     # Access control switch (checked by the ACL issue; here only parsed).
     acl_enable: bool = _key("aclEnable", False)
     # (ours) Python logging level of the node.
@@ -228,6 +244,28 @@ def _check_dledger(c: BrokerConfig) -> None:
         _fail("dleger_self_id", f"must be one of the dLegerPeers ids {sorted(peers)}, got {c.dleger_self_id!r}")
     if c.preferred_leader_id and c.preferred_leader_id not in peers:
         _fail("preferred_leader_id", f"must be one of {sorted(peers)}, got {c.preferred_leader_id!r}")
+    if c.dleger_peer_apis:
+        apis = parse_dleger_peers(c.dleger_peer_apis, key="dLegerPeerApis")
+        if set(apis) != set(peers):
+            _fail("dleger_peer_apis", f"must name the same ids as dLegerPeers {sorted(peers)}, got {sorted(apis)}")
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """`1s 5s 1m 2h` -> delays in ms; raises ConfigError naming messageDelayLevel."""
+    units = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    out = []
+    for part in text.split():
+        m = re.fullmatch(r"(\d+)([smhd])", part)
+        if not m or int(m.group(1)) <= 0:
+            raise ConfigError(f"messageDelayLevel: {part!r} is not a positive number with s, m, h or d")
+        out.append(int(m.group(1)) * units[m.group(2)])
+    if not out:
+        raise ConfigError("messageDelayLevel: must list at least one level")
+    return out
+
+
+def _check_delay_levels(c: BrokerConfig) -> None:
+    parse_delay_levels(c.message_delay_level)
 
 
 def _check_names(c: BrokerConfig) -> None:
@@ -270,19 +308,24 @@ _CHECKS = (
     _in_range("long_polling_max_waiters", 0, 1_000_000),
     _in_range("max_batch_messages", 1, 100_000),
     _in_range("max_request_bytes", 1, 1 << 31),
+    _in_range("ha_max_gap_not_in_sync_bytes", 0, 1 << 40),
+    _in_range("ha_slave_ack_timeout_ms", 1, 600_000),
+    _in_range("min_in_sync_replicas", 1, 16),
+    _in_range("broker_election_priority", -1, 1 << 30),
+    _check_delay_levels,
 )
 
 
-def parse_dleger_peers(text: str) -> dict[str, str]:
-    """`n0-host:port;n1-host:port` -> {id: host:port}; raises ConfigError if malformed."""
+def parse_dleger_peers(text: str, key: str = "dLegerPeers") -> dict[str, str]:
+    """`n0-host:port;n1-host:port` -> {id: host:port}; raises ConfigError naming `key` if malformed."""
     peers: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         ident, sep, addr = part.partition("-")
         host, colon, port = addr.rpartition(":")
         if not (sep and ident and colon and host and port.isdigit() and 0 < int(port) < 65536):
-            raise ConfigError(f"dLegerPeers: entry {part!r} is not id-host:port")
+            raise ConfigError(f"{key}: entry {part!r} is not id-host:port")
         if ident in peers:
-            raise ConfigError(f"dLegerPeers: id {ident!r} appears twice")
+            raise ConfigError(f"{key}: id {ident!r} appears twice")
         peers[ident] = addr
     return peers
 

@@ -35,12 +35,6 @@ log = logging.getLogger("node.server")
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
-class NotBuiltYet(StoreError):
-    """A mode the config asks for whose implementation has not landed."""
-
-    code = "NOT_BUILT_YET"
-
-
 # --- logging ----------------------------------------------------------------------------------
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, msg, node, group, and any `extra` fields."""
@@ -119,25 +113,32 @@ class OffsetSnapshots:
 
 # --- building ----------------------------------------------------------------------------------
 def build_log(config: BrokerConfig, fs: FileSystem, checkpoint: Checkpoint) -> ReplicatedLog:
-    """The ReplicatedLog for this node's mode. DLedger and classic HA plug in here."""
+    """The ReplicatedLog for this node's mode: DLedger, classic HA, or a standalone LocalLog."""
     if config.enable_dleger_commit_log:
-        raise NotBuiltYet("enableDLegerCommitLog=true: the DLedger log (dledger/) is not wired into the "
-                          "node yet; run standalone (enableDLegerCommitLog=false)")
-    if config.broker_role == "SLAVE" or config.ha_master_address:
-        raise NotBuiltYet("classic HA (brokerRole=SLAVE / haMasterAddress) is not wired into the node yet; "
-                          "run a standalone master (brokerRole=ASYNC_MASTER or SYNC_MASTER)")
-    from node.local_log import LocalLog, LocalLogConfig
+        from dledger.factory import build_dledger_log
+        return build_dledger_log(config, fs)
+    from ha.wiring import build_ha_log
+    halog = build_ha_log(config, fs, checkpoint)
+    if halog is not None:
+        return halog
+    from node.local_log import LocalLog
+    checkpoint.load()
+    return LocalLog(fs, config.store_root, local_log_config(config),
+                    checkpoint_committed_offset=checkpoint.committed_offset)
+
+
+def local_log_config(config: BrokerConfig) -> "LocalLogConfig":
+    """The single-node commitlog settings of a broker.conf (standalone and classic HA)."""
+    from node.local_log import LocalLogConfig
     retention = RetentionPolicy(file_reserved_time_hours=config.file_reserved_time_hours,
                                 delete_when=config.delete_when,
                                 disk_max_used_space_ratio=config.disk_max_used_space_ratio_pct,
                                 disk_space_warning_level_ratio=config.disk_space_warning_level_ratio_pct)
-    llc = LocalLogConfig(segment_size_bytes=config.mapped_file_size_commit_log,
-                         flush_disk_type=config.flush_disk_type,
-                         flush_interval_ms=config.flush_interval_commit_log_ms,
-                         sync_flush_timeout_ms=config.sync_flush_timeout_ms,
-                         store_ip=config.broker_ip1, store_port=config.listen_port, retention=retention)
-    checkpoint.load()
-    return LocalLog(fs, config.store_root, llc, checkpoint_committed_offset=checkpoint.committed_offset)
+    return LocalLogConfig(segment_size_bytes=config.mapped_file_size_commit_log,
+                          flush_disk_type=config.flush_disk_type,
+                          flush_interval_ms=config.flush_interval_commit_log_ms,
+                          sync_flush_timeout_ms=config.sync_flush_timeout_ms,
+                          store_ip=config.broker_ip1, store_port=config.listen_port, retention=retention)
 
 
 def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:
@@ -152,6 +153,8 @@ def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:
     broker = Broker(config, rlog, cq_store, index, dispatcher,
                     TopicSnapshots(TopicConfigTable(fs, root)), OffsetSnapshots(ConsumerOffsetTable(fs, root)))
     dispatcher.system_handlers.update(broker.system_handlers())
+    from ha.wiring import attach_truncation
+    attach_truncation(broker)
     return broker
 
 

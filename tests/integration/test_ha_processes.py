@@ -1,6 +1,5 @@
 """Goal: classic HA with the controller, as real processes on loopback (one controller, two
-broker nodes of group broker-b, run through `python -m ha.node_launcher` until the node
-wires HALog itself). Expected outcomes, one test each:
+broker nodes of group broker-b, run as `python -m node`). Expected outcomes, one test each:
 
 1. SYNC_MASTER + slave: kill -9 the master -> the controller elects the slave -> writes
    continue on it -> no message acked SEND_OK is lost.
@@ -96,7 +95,7 @@ class Group:
                 "flushDiskType=ASYNC_FLUSH", f"storePathRootDir={os.path.join(self.tmp, f'store{b}')}",
                 "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144", f"listenPort={self.api[b]}", f"haListenPort={self.ha[b]}",
                 "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"controllerAddr=127.0.0.1:{self.ctl_api}", ""]))
-        self._spawn(f"b{b}", [sys.executable, "-m", "ha.node_launcher", "-c", conf])
+        self._spawn(f"b{b}", [sys.executable, "-m", "node", "-c", conf])
 
     def url(self, b: int, path: str) -> str:
         return f"http://127.0.0.1:{self.api[b]}{path}"
