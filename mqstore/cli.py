@@ -226,8 +226,18 @@ def cmd_cluster(a) -> int:
     return 0
 
 
+def cmd_controller(a) -> int:
+    from ha.controller_server import main as controller_main
+    return controller_main(a.rest)
+
+
+def cmd_pipeline(a) -> int:
+    from pipeline.cli import main as pipeline_main
+    return pipeline_main(a.rest)
+
+
 def cmd_not_built(a) -> int:
-    raise CliError(f"`mqstore {a.verb}` is not built yet (it comes with the controller / HA issue)")
+    raise CliError(f"`mqstore {a.verb}` is not built yet")
 
 
 # --- parser --------------------------------------------------------------------------------------
@@ -254,7 +264,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-port", type=int, default=10911)
     p.add_argument("--detach", action="store_true")
     p.set_defaults(fn=cmd_cluster, admin=False)
-    for verb in ("controller", "clusterList", "topicRoute", "consumerProgress", "resetOffsetByTime", "haStatus",
+    for verb, fn, text in (("controller", cmd_controller, "run a controller (`mqstore controller --help`)"),
+                           ("pipeline", cmd_pipeline, "PySpark jobs over a store (`mqstore pipeline --help`)")):
+        p = sub.add_parser(verb, help=text, add_help=False)   # parsed by main's PASSTHROUGH
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(fn=fn, admin=False)
+    for verb in ("clusterList", "topicRoute", "consumerProgress", "resetOffsetByTime", "haStatus",
                  "getSyncStateSet", "electMaster"):
         p = sub.add_parser(verb, help="not built yet")
         p.add_argument("rest", nargs=argparse.REMAINDER)
@@ -294,8 +309,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Verbs that own their whole argument list (their own --help, their own flags).
+PASSTHROUGH = {"controller": cmd_controller, "pipeline": cmd_pipeline}
+
+
 def main(argv: list[str] | None = None, out=None) -> int:
     out = out or sys.stdout
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argparse.Namespace(rest=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         if not args.admin:
