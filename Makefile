@@ -8,7 +8,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SEEDS   ?= 1000
 RUN_DIR ?= /tmp/mqstore-run
 
-.PHONY: install run test test-fast bench sim up drill down clean lint
+.PHONY: install run test test-fast bench sim up drill down clean lint image test-docker
 
 install: $(STAMP)
 
@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	@command -v java >/dev/null || echo "note: Java 17 is needed for the Spark pipeline (apt-get install -y openjdk-17-jre-headless)"
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { command -v apt-get >/dev/null && \
+	  [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "note: the dashboard browser test needs Debian's chromium and chromium-driver (apt-get as root)" >&2
 	touch $(STAMP)
 
 run: install          ## a local cluster on loopback as plain processes
@@ -28,14 +31,39 @@ test: install         ## every test tier that needs no Docker engine
 test-fast: install    ## unit, property and simulation tiers only
 	$(BIN)/python -m pytest -q tests/unit tests/property tests/sim
 
-bench: install        ## benchmarks, JSON on stdout
+bench: install        ## benchmarks, JSON on stdout (NATS JetStream anchors need Debian's nats-server)
+	@command -v nats-server >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+	  apt-get install -y -qq nats-server >/dev/null; } || echo "note: nats-server missing; NATS anchors will be null" >&2
 	$(BIN)/python -m bench
 
 sim: install          ## deterministic simulation over many seeds
 	$(BIN)/python -m tests.sim.run --seeds $(SEEDS)
 
-up drill down:
-	@echo "make $@: the docker-compose cluster is not built yet (see the README's status section)" >&2; exit 2
+IMAGE   ?= mqstore:latest
+PROJECT ?= mqstore
+DRILL   ?= kill_leader kill_master
+DRILLS  := $(BIN)/python -m deploy.drills --project $(PROJECT)
+
+image: install        ## node/controller image; offline base via debootstrap (see docs/deploy.md)
+	deploy/ensure-docker.sh
+	PYTHON=$(abspath $(BIN)/python) deploy/build-image.sh $(IMAGE)
+
+up: install           ## the docker-compose cluster: builds the image if missing, waits until healthy
+	deploy/ensure-docker.sh
+	docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
+	MQSTORE_IMAGE=$(IMAGE) $(DRILLS) up
+
+down:                 ## stop the compose cluster (volumes kept; `make clean` removes them)
+	$(DRILLS) down
+
+drill: install        ## failover drills against the running cluster (DRILL="kill_leader ..." or all)
+	$(DRILLS) $(DRILL)
+
+test-docker: install  ## docker-marked tests: brings the compose cluster up and runs a drill
+	deploy/ensure-docker.sh
+	docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
+	$(BIN)/python -m pytest -q -m docker tests/docker
 
 clean:
 	rm -rf $(RUN_DIR)
+	@! docker info >/dev/null 2>&1 || [ ! -x $(BIN)/python ] || $(DRILLS) clean

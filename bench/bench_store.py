@@ -1,14 +1,32 @@
-"""Store benchmarks with their anchors measured in the same run (DESIGN section 7).
+"""Standalone store benchmarks with their anchors measured in the same run (DESIGN section 7).
 
-    python -m bench.bench_store [--quick]
+    python -m bench.bench_store [--quick]      # or: python -m bench --only store
 
-Prints ONE JSON object. Each figure has `value`, `unit`, `target`, `anchor`,
-`ratio_to_anchor` and `meets_target`. Anchors: the disk's sequential write MB/s
-(1 MiB writes + one fdatasync), its fdatasync/s for small appends, and raw
-`os.write` of the very same 1 KiB-message records, one call per record, into a
-fresh file (the commitlog also writes into fresh, sparse files); for recovery, a bare
-crc32-per-record pass over the same files (the CPU floor of any CRC-checking walk). Everything
-lives in a temp dir under /tmp that is removed at the end.
+Prints ONE JSON object (`run(quick, anchors)` returns the same dict to `python -m bench`).
+Each figure has `value`, `unit`, `target`, `anchor`, `ratio_to_anchor`, `meets_target`
+and the 1-minute load average when it was taken (`load1`: the machine is shared).
+
+Cases:
+* in-process commitlog append (batches of 64 and 256 sealed 1 KiB drafts) against raw
+  `os.write` of the very same records, one call per record, into a fresh file;
+* LocalLog appends from 64 concurrent appenders, SYNC_FLUSH (group commit) and ASYNC_FLUSH;
+* HTTP batched produce against a real node process (`python -m node`, a free loopback
+  port, its own temp store): 1 KiB messages, msgpack and JSON bodies, ASYNC_FLUSH and
+  SYNC_FLUSH, several keep-alive connections each sending batches; every response is
+  decoded and every message must come back SEND_OK;
+* HTTP pull throughput (msgpack and JSON) of what was produced, several connections
+  walking the queues with max=32 (maxTransferCountOnMessageInMemory);
+* recovery scan with CRC checks over the commitlog, page cache warm and cold, against a
+  bare crc32-per-record pass over the same files.
+
+Rates are wall-clock and move with everyone else's load on a shared machine, so the CPU
+cost is reported next to them (process time: `*_cpu_us_per_msg`, `cpu_mb_s`, and
+`node_one_core_msgs_s` = what the node's CPU per message allows on one free core).
+
+Anchors: the disk's sequential write MB/s and fdatasync/s (measured here; the shared
+`disk` anchor of `python -m bench` is reported next to them when given). Everything lives
+in a temp dir under /tmp that is removed at the end; the node process is stopped in a
+`finally` (SIGTERM, then SIGKILL) by its own PID.
 """
 
 from __future__ import annotations
@@ -18,9 +36,15 @@ import asyncio
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+import msgpack
 
 from node.local_log import ASYNC_FLUSH, SYNC_FLUSH, LocalLog, LocalLogConfig
 from node.store.commitlog import CommitLog
@@ -32,6 +56,18 @@ from node.store.recovery import recover
 BODY_BYTES = 1024
 IP = b"\x7f\x00\x00\x01"
 MIB = 1024 * 1024
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NODE_READY_TIMEOUT_S = 30.0
+NODE_STOP_TIMEOUT_S = 15.0
+HTTP_TIMEOUT_S = 30.0          # one request; a node that stops answering fails the case
+HTTP_BATCH = 256               # messages per produce request
+HTTP_CONNECTIONS = 4           # keep-alive connections of the load generator
+HTTP_QUEUES = 8
+PULL_MAX = 32                  # maxTransferCountOnMessageInMemory
+
+
+def load1() -> float:
+    return round(os.getloadavg()[0], 2)
 
 
 def figure(value: float, unit: str, target: float | None, anchor: str | None, anchor_value: float | None,
@@ -40,7 +76,8 @@ def figure(value: float, unit: str, target: float | None, anchor: str | None, an
     if meets is None:
         meets = value >= target if target is not None else None
     out = {"value": round(value, 1), "unit": unit, "target": target, "anchor": anchor,
-           "ratio_to_anchor": round(ratio, 3) if ratio is not None else None, "meets_target": meets}
+           "ratio_to_anchor": round(ratio, 3) if ratio is not None else None, "meets_target": meets,
+           "load1": load1()}
     out.update(extra)
     return out
 
@@ -85,15 +122,21 @@ def raw_write_msgs_s(root: str, pool: list[MessageDraft], total_msgs: int) -> fl
     path = os.path.join(root, "raw")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     write = os.write
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while n < total_msgs:
         for r in records:
             write(fd, r)
         n += len(records)
-    el = time.perf_counter() - t0
+    el, cpu = time.perf_counter() - t0, time.process_time() - c0
     os.close(fd)
     os.remove(path)
+    _last_cpu_us_per_msg["raw"] = cpu / n * 1e6
     return n / el
+
+
+# CPU seconds per message of the last raw / commitlog run (process time: what the work costs,
+# whoever else is using the machine).
+_last_cpu_us_per_msg: dict[str, float] = {}
 
 
 # --- the store ----------------------------------------------------------------------------
@@ -103,15 +146,30 @@ def commitlog_append_msgs_s(root: str, pool: list[MessageDraft], batch: int, tot
     cl.load()
     qt = QueueOffsetTable()
     batches = [pool[i:i + batch] for i in range(0, len(pool), batch)]
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while n < total_msgs:
         for b in batches:
             cl.append_batch(b, qt, 1)
         n += len(pool)
-    el = time.perf_counter() - t0
+    el, cpu = time.perf_counter() - t0, time.process_time() - c0
     cl.close()
     shutil.rmtree(d)
+    _last_cpu_us_per_msg["commitlog"] = cpu / n * 1e6
     return n / el
+
+
+def append_vs_raw(root: str, pool: list[MessageDraft], batch: int, total_msgs: int, rounds: int) -> dict:
+    """Raw os.write and commitlog append alternated `rounds` times (other load on a shared
+    machine then hits both alike); best rate of each, and CPU per message of each."""
+    raw_rates, cl_rates, raw_cpu, cl_cpu = [], [], [], []
+    for _ in range(rounds):
+        raw_rates.append(raw_write_msgs_s(root, pool, total_msgs))
+        raw_cpu.append(_last_cpu_us_per_msg["raw"])
+        cl_rates.append(commitlog_append_msgs_s(root, pool, batch, total_msgs))
+        cl_cpu.append(_last_cpu_us_per_msg["commitlog"])
+    return {"raw_msgs_s": max(raw_rates), "commitlog_msgs_s": max(cl_rates),
+            "raw_cpu_us_per_msg": round(min(raw_cpu), 3), "commitlog_cpu_us_per_msg": round(min(cl_cpu), 3),
+            "cpu_ratio_raw_over_commitlog": round(min(raw_cpu) / min(cl_cpu), 3)}
 
 
 async def _local_log_run(root: str, flush: str, appenders: int, batch: int, seconds: float) -> tuple[float, dict]:
@@ -137,6 +195,279 @@ async def _local_log_run(root: str, flush: str, appenders: int, batch: int, seco
     return count / el, status
 
 
+# --- HTTP against a real node process ----------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class NodeProcess:
+    """One standalone `python -m node` on a free loopback port with its own store."""
+
+    def __init__(self, root: str, name: str, flush: str):
+        self.dir = os.path.join(root, name)
+        os.makedirs(self.dir, exist_ok=True)
+        self.port = free_port()
+        self.conf = os.path.join(self.dir, "broker.conf")
+        with open(self.conf, "w") as f:
+            f.write(f"listenPort={self.port}\nbindAddress=127.0.0.1\nbrokerIP1=127.0.0.1\n"
+                    f"storePathRootDir={os.path.join(self.dir, 'store')}\nflushDiskType={flush}\n"
+                    "mappedFileSizeCommitLog=268435456\nautoCreateTopicEnable=false\nlogLevel=WARNING\n")
+        self.log_path = os.path.join(self.dir, "node.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "node", "--config", self.conf], cwd=REPO_ROOT,
+                                         stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"node exited with {self.proc.returncode}: {self.tail()}")
+            try:
+                status, _ = asyncio.run(_one_request(self.port, "GET", "/health"))
+                if status == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"node not healthy after {NODE_READY_TIMEOUT_S} s: {self.tail()}")
+
+    def stop(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(NODE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(NODE_STOP_TIMEOUT_S)
+
+    def tail(self, limit: int = 1500) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-limit:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def proc_cpu_s(pid: int) -> float:
+    """user + system CPU seconds of a process (Linux /proc), children not included."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_facts(count: int, node_cpu_s: float, client_cpu_s: float) -> dict:
+    """CPU per message of the node and of this load generator. On a shared machine the
+    rate moves with everyone else's load; CPU per message moves much less, and
+    1e6 / node_cpu_us_per_msg is what the node would do with a whole core to itself."""
+    if not count:
+        return {}
+    node_us = node_cpu_s / count * 1e6
+    return {"node_cpu_us_per_msg": round(node_us, 2), "client_cpu_us_per_msg": round(client_cpu_s / count * 1e6, 2),
+            "node_one_core_msgs_s": round(1e6 / node_us) if node_us else None}
+
+
+class HttpConn:
+    """A minimal keep-alive HTTP/1.1 client: the load generator shares the node's two cores,
+    so it spends as little CPU per request as it can (requests are encoded once)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> "HttpConn":
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 22)
+        return cls(reader, writer)
+
+    @staticmethod
+    def request(port: int, method: str, path: str, body: bytes = b"", content_type: str = "application/json",
+                accept: str = "application/json") -> bytes:
+        head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\n"
+                f"Accept: {accept}\r\nContent-Length: {len(body)}\r\n\r\n")
+        return head.encode("ascii") + body
+
+    async def roundtrip(self, raw_request: bytes) -> tuple[int, bytes]:
+        self.writer.write(raw_request)
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), HTTP_TIMEOUT_S)
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split()[1])
+        length = None
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length is None:
+            raise RuntimeError(f"response without Content-Length: {head[:200]!r}")
+        body = await asyncio.wait_for(self.reader.readexactly(length), HTTP_TIMEOUT_S)
+        return status, body
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _one_request(port: int, method: str, path: str, doc: dict | None = None) -> tuple[int, dict]:
+    conn = await asyncio.wait_for(HttpConn.open(port), 2.0)
+    try:
+        body = json.dumps(doc).encode() if doc is not None else b""
+        status, raw = await conn.roundtrip(HttpConn.request(port, method, path, body))
+        return status, json.loads(raw) if raw else {}
+    finally:
+        conn.close()
+
+
+def produce_request(port: int, topic: str, batch: int, codec: str, keys: bool = False) -> bytes:
+    """One send request of `batch` 1 KiB messages with a tag; with `keys`, each also has a
+    key (then the node also builds its key index). RocketMQ's benchmark producer sends no
+    keys by default (keyEnable=false)."""
+    body = os.urandom(BODY_BYTES // 2).hex()     # 1 KiB of text: valid as a JSON string and as bytes
+    assert len(body) == BODY_BYTES
+    messages: list[dict] = [{"body": body, "tags": "bench"} for _ in range(batch)]
+    if keys:
+        for i, m in enumerate(messages):
+            m["keys"] = [f"k{i}"]
+    if codec == "msgpack":
+        for m in messages:
+            m["body"] = m["body"].encode("ascii")
+        data = msgpack.packb({"messages": messages}, use_bin_type=True)
+        ctype = "application/x-msgpack"
+    else:
+        data = json.dumps({"messages": messages}).encode()
+        ctype = "application/json"
+    return HttpConn.request(port, "POST", f"/topics/{topic}/messages", data, ctype, ctype)
+
+
+def _decode(codec: str, raw: bytes) -> dict:
+    return msgpack.unpackb(raw, raw=False) if codec == "msgpack" else json.loads(raw)
+
+
+async def http_produce(port: int, topic: str, codec: str, seconds: float, max_msgs: int,
+                       connections: int = HTTP_CONNECTIONS, batch: int = HTTP_BATCH, pid: int | None = None,
+                       keys: bool = False) -> dict:
+    """Every connection sends one batch at a time until the time or count bound; returns
+    acked msg/s and request latency percentiles. Any non-SEND_OK result fails the case."""
+    req = produce_request(port, topic, batch, codec, keys)
+    conns = [await HttpConn.open(port) for _ in range(connections)]
+    acked = 0
+    latencies: list[float] = []
+    node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def worker(conn: HttpConn) -> None:
+        nonlocal acked
+        while time.perf_counter() < deadline and acked < max_msgs:
+            t0 = time.perf_counter()
+            status, raw = await conn.roundtrip(req)
+            latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                raise RuntimeError(f"produce answered {status}: {raw[:300]!r}")
+            results = _decode(codec, raw)["results"]
+            if len(results) != batch or any(r["status"] != "SEND_OK" for r in results):
+                raise RuntimeError(f"produce results not all SEND_OK: {results[:3]}")
+            acked += batch
+
+    try:
+        await asyncio.gather(*(worker(c) for c in conns))
+    finally:
+        for c in conns:
+            c.close()
+    elapsed = time.perf_counter() - start
+    cpu = cpu_facts(acked, (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
+    latencies.sort()
+    return {"msgs_s": acked / elapsed, "msgs": acked, "elapsed_s": round(elapsed, 3), "requests": len(latencies), **cpu,
+            "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
+            "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2)
+            if latencies else None}
+
+
+async def http_pull(port: int, topic: str, codec: str, queues: int, seconds: float, max_msgs: int,
+                    connections: int = HTTP_CONNECTIONS, pid: int | None = None) -> dict:
+    """Walk every queue from offset 0 with max=32 pulls, queues shared out over the connections;
+    counts messages received (each checked for a 1 KiB body)."""
+    conns = [await HttpConn.open(port) for _ in range(connections)]
+    ctype = "application/x-msgpack" if codec == "msgpack" else "application/json"
+    got = 0
+    node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def worker(i: int, conn: HttpConn) -> None:
+        nonlocal got
+        for qid in range(i, queues, connections):
+            offset = 0
+            while time.perf_counter() < deadline and got < max_msgs:
+                req = HttpConn.request(port, "GET", f"/topics/{topic}/queues/{qid}/messages?offset={offset}"
+                                       f"&max={PULL_MAX}", b"", ctype, ctype)
+                status, raw = await conn.roundtrip(req)
+                if status != 200:
+                    raise RuntimeError(f"pull answered {status}: {raw[:300]!r}")
+                doc = _decode(codec, raw)
+                msgs = doc["messages"]
+                if not msgs:
+                    break
+                if len(msgs[0]["body"]) != BODY_BYTES:
+                    raise RuntimeError("pulled a message with the wrong body size")
+                got += len(msgs)
+                offset = doc["next_offset"]
+
+    try:
+        await asyncio.gather(*(worker(i, c) for i, c in enumerate(conns)))
+    finally:
+        for c in conns:
+            c.close()
+    elapsed = time.perf_counter() - start
+    cpu = cpu_facts(got, (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
+    return {"msgs_s": got / elapsed, "msgs": got, "elapsed_s": round(elapsed, 3), **cpu}
+
+
+def http_cases(root: str, quick: bool) -> tuple[dict, dict]:
+    """Produce (both codecs) against an ASYNC_FLUSH and a SYNC_FLUSH node; pull from the first."""
+    figs: dict = {}
+    facts: dict = {"batch_messages": HTTP_BATCH, "connections": HTTP_CONNECTIONS, "queues": HTTP_QUEUES,
+                   "message": "1 KiB body, tag 'bench', no keys (except the with_keys case)"}
+    secs = 3.0 if quick else 8.0
+    max_msgs = 2_000_000
+    for flush in (ASYNC_FLUSH, SYNC_FLUSH):
+        node = NodeProcess(root, f"node-{flush.lower()}", flush)
+        try:
+            node.start()
+            status, doc = asyncio.run(_one_request(node.port, "POST", "/topics",
+                                                   {"topic": "BenchTopic", "queues": HTTP_QUEUES}))
+            if status != 200:
+                raise RuntimeError(f"create topic answered {status}: {doc}")
+            produced = 0
+            for codec in ("msgpack", "json"):
+                asyncio.run(http_produce(node.port, "BenchTopic", codec, 0.3, 10_000))   # warm-up
+                r = asyncio.run(http_produce(node.port, "BenchTopic", codec, secs, max_msgs, pid=node.proc.pid))
+                produced += r["msgs"]
+                figs[f"http_produce_{codec}_{flush.lower()}_msgs_s"] = figure(
+                    r["msgs_s"], "msg/s", 100_000, None, None,
+                    **{k: v for k, v in r.items() if k != "msgs_s"})
+            if flush == ASYNC_FLUSH and not quick:
+                r = asyncio.run(http_produce(node.port, "BenchTopic", "msgpack", secs, max_msgs, pid=node.proc.pid,
+                                             keys=True))
+                produced += r["msgs"]
+                figs["http_produce_msgpack_with_keys_async_flush_msgs_s"] = figure(
+                    r["msgs_s"], "msg/s", None, None, None, **{k: v for k, v in r.items() if k != "msgs_s"})
+            if flush == ASYNC_FLUSH:
+                for codec in ("msgpack", "json"):
+                    r = asyncio.run(http_pull(node.port, "BenchTopic", codec, HTTP_QUEUES, secs / 2, max_msgs,
+                                              pid=node.proc.pid))
+                    figs[f"http_pull_{codec}_msgs_s"] = figure(r["msgs_s"], "msg/s", None, None, None,
+                                                               **{k: v for k, v in r.items() if k != "msgs_s"})
+        except Exception as e:
+            raise RuntimeError(f"{e}; node log tail: {node.tail()}") from e
+        finally:
+            code = node.stop()
+            facts[f"node_exit_{flush.lower()}"] = code
+    return figs, facts
+
+
+
 def recovery_mb_s(root: str, pool: list[MessageDraft], total: int, cold: bool) -> tuple[float, dict]:
     d = os.path.join(root, "recovery")
     if not os.path.isdir(d):
@@ -154,10 +485,13 @@ def recovery_mb_s(root: str, pool: list[MessageDraft], total: int, cold: bool) -
             os.close(fd)
     cl = CommitLog(FileSystem(), d, 128 * MIB, IP, 10911)
     cl.load()
+    c0 = time.process_time()
     report = recover(cl, None, abnormal=True)
+    cpu = time.process_time() - c0
     cl.close()
     return report.mb_per_s, {"scanned_mib": round(report.scanned_bytes / MIB, 1), "records": report.records,
-                             "elapsed_s": round(report.elapsed_s, 3)}
+                             "elapsed_s": round(report.elapsed_s, 3),
+                             "cpu_mb_s": round(report.scanned_bytes / MIB / cpu, 1) if cpu > 0 else None}
 
 
 def crc_only_mb_s(root: str) -> float:
@@ -165,7 +499,7 @@ def crc_only_mb_s(root: str) -> float:
     body, nothing else. A CRC-checking walk in Python cannot beat this."""
     import zlib
     d = os.path.join(root, "recovery")
-    total, t0 = 0, time.perf_counter()
+    total, t0, c0 = 0, time.perf_counter(), time.process_time()
     for name in sorted(os.listdir(d)):
         fd = os.open(os.path.join(d, name), os.O_RDONLY)
         try:
@@ -181,39 +515,54 @@ def crc_only_mb_s(root: str) -> float:
                 off += len(chunk)
         finally:
             os.close(fd)
+    _last_cpu_us_per_msg["crc_only_cpu_mb_s"] = total / MIB / max(1e-9, time.process_time() - c0)
     return total / MIB / (time.perf_counter() - t0)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller volumes (recovery over 256 MiB)")
+    ap.add_argument("--quick", action="store_true", help="smaller volumes and shorter runs (< 60 s)")
     args = ap.parse_args(argv)
-    q = args.quick
-    root = tempfile.mkdtemp(prefix="mqstore-bench-", dir="/tmp")
-    try:
-        out = run_all(root, q)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    json.dump(out, sys.stdout, indent=1)
+    anchors = json.loads(os.environ.get("MQSTORE_BENCH_ANCHORS", "{}") or "{}")
+    json.dump(run(args.quick, anchors), sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
 
 
-def run_all(root: str, quick: bool) -> dict:
+def run(quick: bool, anchors: dict | None = None) -> dict:
+    """Every case; `anchors` is what `python -m bench` measured (may be {})."""
+    t0 = time.monotonic()
+    root = tempfile.mkdtemp(prefix="mqstore-bench-", dir="/tmp")
+    try:
+        out = run_all(root, quick, anchors or {})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out["elapsed_s"] = round(time.monotonic() - t0, 1)
+    return out
+
+
+def run_all(root: str, quick: bool, shared: dict | None = None) -> dict:
+    shared = shared or {}
     pool = drafts(256)
     append_msgs = 100_000 if quick else 300_000
     seq = disk_seq_write_mb_s(root, (128 if quick else 256) * MIB)
     fsyncs = disk_fdatasync_per_s(root, 1.0 if quick else 2.0)
-    raw = raw_write_msgs_s(root, pool, append_msgs)
-    out: dict = {"bench": "store", "quick": quick, "message_body_bytes": BODY_BYTES, "anchors": {
-        "disk_seq_write_mb_s": round(seq, 1), "disk_fdatasync_per_s": round(fsyncs, 1),
-        "raw_os_write_msgs_s": round(raw, 1)}}
+    pairs = {batch: append_vs_raw(root, pool, batch, append_msgs, 2 if quick else 3) for batch in (64, 256)}
+    raw = max(p["raw_msgs_s"] for p in pairs.values())
+    out: dict = {"bench": "store", "quick": quick, "message_body_bytes": BODY_BYTES, "load1_start": load1(),
+                 "anchors": {"disk_seq_write_mb_s": round(seq, 1), "disk_fdatasync_per_s": round(fsyncs, 1),
+                             "raw_os_write_msgs_s": round(raw, 1)}}
+    disk = shared.get("disk") or {}
+    if "raw_write_msgs_per_s" in disk:
+        out["anchors"]["shared_disk_raw_write_msgs_per_s"] = disk["raw_write_msgs_per_s"]
+        out["anchors"]["shared_disk_fdatasync_per_s"] = disk.get("fdatasync_per_s")
     figs: dict = {}
-    for batch in (64, 256):
-        v = commitlog_append_msgs_s(root, pool, batch, append_msgs)
+    for batch, p in pairs.items():
+        v = p["commitlog_msgs_s"]
         figs[f"commitlog_append_batch{batch}_msgs_s"] = figure(
             v, "msg/s", 400_000, "raw_os_write_msgs_s", raw, meets=v >= 400_000 and v >= 0.75 * raw,
-            target_ratio=0.75)
+            target_ratio=0.75, raw_msgs_s_same_rounds=round(p["raw_msgs_s"], 1),
+            **{key: val for key, val in p.items() if "cpu" in key})
     secs = 1.0 if quick else 2.0
     for flush in (SYNC_FLUSH, ASYNC_FLUSH):
         for batch in (1, 32):
@@ -226,16 +575,21 @@ def run_all(root: str, quick: bool) -> dict:
             else:
                 tgt = 100_000 if batch > 1 else 50_000
                 figs[f"local_log_async_flush_64x{batch}_msgs_s"] = figure(v, "msg/s", tgt, "raw_os_write_msgs_s", raw)
+    http_figs, http_facts = http_cases(root, quick)
+    figs.update(http_figs)
+    out["http"] = http_facts
     size = (256 if quick else 512) * MIB
     runs = [recovery_mb_s(root, pool, size, cold=False) for _ in range(2)]   # best of 2: shared CPUs
     v, facts = max(runs, key=lambda r: r[0])
     crc = crc_only_mb_s(root)
     out["anchors"]["crc32_only_scan_mb_s"] = round(crc, 1)
+    out["anchors"]["crc32_only_scan_cpu_mb_s"] = round(_last_cpu_us_per_msg["crc_only_cpu_mb_s"], 1)
     figs["recovery_scan_crc_mb_s"] = figure(v, "MB/s", 300, "crc32_only_scan_mb_s", crc,
                                             runs_mb_s=[round(r[0], 1) for r in runs], **facts)
     v, facts = recovery_mb_s(root, pool, size, cold=True)
     figs["recovery_scan_crc_cold_cache_mb_s"] = figure(v, "MB/s", None, "disk_seq_write_mb_s", seq, **facts)
     out["figures"] = figs
+    out["load1_end"] = load1()
     return out
 
 

@@ -8,13 +8,24 @@ arrays, not ext types, because the per-entry cost of Append decides throughput.
 
 Decoding rebuilds each dataclass through its own __post_init__ validation; anything
 that does not decode to a registered message raises `CodecError`.
+
+`Append` has its own layout, because its entries decide replication throughput:
+`["Append", term, leader_id, prev_index, prev_term, entries_blob, commit_index]`, where
+`entries_blob` is one msgpack bin holding, per entry, APPEND_ENTRY (term, type, body
+size, CRC32 of the body) followed by the body. Indexes are implicit (prev_index + 1, + 2,
+...). The receiver checks every body CRC before the entries reach the core (a flipped bit
+on the wire is a CodecError, never a stored entry) and validates every field that
+`Entry.__post_init__` would, in one pass, then builds the entries without that per-entry
+call (~2 us each).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import struct
 import typing
+import zlib
 from typing import Any, Callable
 
 import msgpack
@@ -117,8 +128,106 @@ _BY_NAME = _build_registry()
 _BY_TYPE = {cls: (name, enc) for name, (cls, enc, _dec) in _BY_NAME.items()}
 
 
+# One entry of an Append on the wire, followed by `body_size` bytes of body.
+APPEND_ENTRY = struct.Struct(
+    ">Q"   # term: the entry's term (>= 1)
+    "B"    # type: EntryType value (1 normal, 2 no-op, 3 config)
+    "I"    # body_size: bytes of body that follow
+    "I"    # body_crc: CRC32 of the body, checked on receive
+)
+assert APPEND_ENTRY.size == 17
+_ENTRY_TYPES = {int(t): t for t in M.EntryType}
+_new = object.__new__
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY = (
+    M.Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body"))
+assert tuple(f.name for f in dataclasses.fields(M.Entry)) == ("index", "term", "type", "body")
+assert tuple(f.name for f in dataclasses.fields(M.Append)) == (
+    "term", "leader_id", "prev_index", "prev_term", "entries", "commit_index")
+
+
+# The leader pushes the same entries to every follower: the last few blobs are kept,
+# keyed by the identity of their first and last Entry objects and their count. Entries
+# are immutable and a range of a log is only ever replaced from some index to its end,
+# so the same first object, last object and count mean the same entries.
+_BLOB_CACHE_MAX = 8
+_blob_cache: list[tuple[M.Entry, M.Entry, int, bytes]] = []
+
+
+def encode_append_entries(entries: tuple[M.Entry, ...]) -> bytes:
+    """The entries blob of an Append (see the module docstring)."""
+    first, last, count = entries[0], entries[-1], len(entries)
+    for f, la, c, blob in _blob_cache:
+        if f is first and la is last and c == count:
+            return blob
+    blob = _encode_entries(entries)
+    _blob_cache.append((first, last, count, blob))
+    if len(_blob_cache) > _BLOB_CACHE_MAX:
+        del _blob_cache[0]
+    return blob
+
+
+def _encode_entries(entries: tuple[M.Entry, ...]) -> bytes:
+    pack, crc32 = APPEND_ENTRY.pack, zlib.crc32
+    parts: list[bytes] = []
+    for e in entries:
+        body = e.body
+        parts.append(pack(e.term, e.type, len(body), crc32(body)))
+        parts.append(body)
+    return b"".join(parts)
+
+
+def decode_append_entries(blob: Any, prev_index: int) -> tuple[M.Entry, ...]:
+    """Entries prev_index+1.. from an Append's blob; CodecError on any bad field or CRC."""
+    if not isinstance(blob, bytes):
+        raise CodecError(f"Append entries must be bin, got {type(blob).__name__}")
+    if type(prev_index) is not int or prev_index < 0:
+        raise CodecError(f"Append prev_index must be an int >= 0, got {prev_index!r}")
+    unpack, crc32, head, n = APPEND_ENTRY.unpack_from, zlib.crc32, APPEND_ENTRY.size, len(blob)
+    types, new, cls = _ENTRY_TYPES, _new, M.Entry
+    out: list[M.Entry] = []
+    index, at = prev_index, 0
+    while at < n:
+        if at + head > n:
+            raise CodecError(f"Append entry {index + 1}: header cut short")
+        term, type_value, size, crc = unpack(blob, at)
+        at += head
+        end = at + size
+        if end > n:
+            raise CodecError(f"Append entry {index + 1}: body cut short")
+        body = blob[at:end]
+        if crc32(body) != crc:
+            raise CodecError(f"Append entry {index + 1}: body crc mismatch")
+        entry_type = types.get(type_value)
+        if entry_type is None or term < 1:
+            raise CodecError(f"Append entry {index + 1}: bad type {type_value} or term {term}")
+        index += 1
+        e = new(cls)
+        _SET_INDEX(e, index)
+        _SET_TERM(e, term)
+        _SET_TYPE(e, entry_type)
+        _SET_BODY(e, body)
+        out.append(e)
+        at = end
+    return tuple(out)
+
+
+def _encode_append(m: M.Append) -> bytes:
+    return msgpack.packb(["Append", m.term, m.leader_id, m.prev_index, m.prev_term,
+                          encode_append_entries(m.entries), m.commit_index], use_bin_type=True)
+
+
+def _decode_append(fields: tuple) -> M.Append:
+    if len(fields) != 6:
+        raise CodecError(f"Append needs 6 fields, got {len(fields)}")
+    term, leader_id, prev_index, prev_term, blob, commit_index = fields
+    # Append.__post_init__ still checks the scalars, contiguity and term order.
+    return M.Append(term, leader_id, prev_index, prev_term, decode_append_entries(blob, prev_index), commit_index)
+
+
 def encode(msg: object) -> bytes:
     """The payload of one frame."""
+    if type(msg) is M.Append:
+        return _encode_append(msg)
     try:
         name, enc = _BY_TYPE[type(msg)]
     except KeyError:
@@ -140,6 +249,8 @@ def decode(payload: bytes) -> object:
     if entry is None:
         raise CodecError(f"unknown message type {arr[0]!r}")
     try:
+        if arr[0] == "Append":
+            return _decode_append(arr[1:])
         return entry[2](arr[1:])
     except CodecError:
         raise

@@ -87,6 +87,7 @@ class DLedgerLog:
         self._role = Role.FOLLOWER
         self._leader_id: str | None = None
         self._term = 0
+        self.leader_changes = 0          # times a new leader became known (metrics)
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -113,7 +114,14 @@ class DLedgerLog:
             (from_index, self._commit_index)
         self._fail_pending(from_index, f"entries from {from_index} were truncated")
 
+    @property
+    def term(self) -> int:
+        """The Raft term this node last saw (log lines carry it)."""
+        return self._term
+
     def on_ready(self, rd: Ready) -> None:
+        if rd.leader_id is not None and rd.leader_id != self._leader_id:
+            self.leader_changes += 1   # metrics: rocketmq_raft_leader_changes_total
         self._term, self._leader_id = rd.term, rd.leader_id
         was_writable = self._writable_term is not None
         self._role = rd.soft_role
@@ -303,9 +311,12 @@ class DLedgerLog:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that races the
+            # event, and the dispatcher's stop then waits forever on a loop that runs on.
             try:
-                await asyncio.wait_for(self._commit_changed.wait(), left)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(left):
+                    await self._commit_changed.wait()
+            except TimeoutError:
                 break
         return self._committed_pos
 
@@ -319,6 +330,12 @@ class DLedgerLog:
 
     def leader(self) -> str | None:
         return self.peer_api_addrs.get(self._leader_id) if self._leader_id else None
+
+    @property
+    def fatal(self) -> BaseException | None:
+        """Set once the Raft node stopped (store failure or a failed Raft loop); the server
+        stops the process on it (node.server._watch_fatal)."""
+        return self.node.fatal
 
     @property
     def is_writable(self) -> bool:

@@ -31,6 +31,9 @@ _BODY_CRC_AT = L.ENTRY_FIELD_OFFSET["body_crc"]
 # as two crc32 steps (no concatenation copy); this is the same value as one pass.
 assert _BODY_CRC_AT == _CHAIN_SPAN + 4
 _U32 = struct.Struct(">I")
+_PACK_HEADER = L.ENTRY_HEADER.pack
+_crc32 = zlib.crc32
+assert L.ENTRY_FIELD_OFFSET["chain_crc"] == _CHAIN_SPAN
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,18 @@ def encode_entry(index: int, term: int, pos: int, magic: int, body: bytes,
     chain = chain_crc_of(prefix, body_crc, prev_chain_crc)
     header = L.ENTRY_HEADER.pack(magic, size, index, term, pos, 0, chain, body_crc, len(body))
     return header + body
+
+
+def encode_header(index: int, term: int, pos: int, magic: int, body: bytes,
+                  prev_chain_crc: int) -> tuple[bytes, int]:
+    """(48-byte header, its chain CRC) for `body`: the hot path of EntryStore.append.
+
+    The same bytes as encode_entry's header, without copying the body: the store writes
+    header and body side by side in one join."""
+    body_crc = _crc32(body)
+    head = _PACK_HEADER(magic, HEADER_SIZE + len(body), index, term, pos, 0, 0, body_crc, len(body))
+    chain = _crc32(head[_BODY_CRC_AT:_BODY_CRC_AT + 4], _crc32(head[:_CHAIN_SPAN], prev_chain_crc))
+    return head[:_CHAIN_SPAN] + _U32.pack(chain) + head[_BODY_CRC_AT:], chain
 
 
 def encode_blank(size: int) -> bytes:

@@ -5,7 +5,8 @@ proposal), it feeds the core and then handles every Ready in the fixed order
 (etcd's RawNode usage, DESIGN 4):
 
     persist   reset / truncate (durable) -> append -> hard state (atomic meta)
-              SYNC_FLUSH: fsync data + index before anything leaves this node
+              SYNC_FLUSH: entries count as persisted only once the group-commit
+              flusher has fsynced them (see below)
     send      queue the Ready's messages on the transport
     apply     the listener (DLedgerLog) learns commits, role and truncations
     advance   core.advance(ready)
@@ -16,10 +17,13 @@ since the last one: one write per segment and one fsync for all of them (group
 commit).
 
 Flush policy:
-- SYNC_FLUSH: fsync before advance; followers acknowledge and the leader counts
-  itself only for fsynced entries.
+- SYNC_FLUSH: a group-commit task fsyncs the data on a worker thread, one fsync at a
+  time, each covering everything written before it began; `advance` is told only the
+  fsynced index, so followers acknowledge and the leader counts itself only for fsynced
+  entries (the rest are reported by an extra, possibly empty, Ready when they land).
+  The index file is derived (recovery rebuilds it) and is fsynced with each checkpoint.
 - ASYNC_FLUSH: written entries count as persisted; a background task fsyncs every
-  `async_flush_interval_ms`. A power loss on a majority of the group at once can
+  `async_flush_interval_ms`, on a worker thread. A power loss on a majority of the group at once can
   lose acknowledged writes (up to one interval of them). A process crash loses
   nothing: the page cache survives it.
 
@@ -116,6 +120,10 @@ class RaftNode:
         self._tasks: list[asyncio.Task] = []
         self._running = False
         self._last_checkpoint = 0.0
+        # SYNC_FLUSH group commit: set when written entries await an fsync; _durable_grew
+        # when one finished and the core has not been told yet.
+        self._flush_wanted = asyncio.Event()
+        self._durable_grew = False
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -131,6 +139,8 @@ class RaftNode:
         self._tasks = [asyncio.create_task(self._run(), name=f"raft-{self.node_id}"),
                        asyncio.create_task(self._ticker(), name=f"raft-tick-{self.node_id}"),
                        asyncio.create_task(self._flusher(), name=f"raft-flush-{self.node_id}")]
+        if self.config.flush_disk_type == SYNC_FLUSH:
+            self._tasks.append(asyncio.create_task(self._group_commit(), name=f"raft-commit-{self.node_id}"))
 
     async def stop(self) -> None:
         """Stop ticking and talking; flush and checkpoint; close the files."""
@@ -187,12 +197,25 @@ class RaftNode:
             except StoreError as e:
                 self._die(e)
                 return
+            except Exception as e:  # noqa: BLE001 - any bug here must stop the node loudly
+                # A Ready may be outstanding now, so the core cannot be fed again: without
+                # this, the task ended silently and every later propose hit the core's
+                # "call advance() first" assertion (an HTTP 500 per send, forever).
+                log.exception("raft %s: the Raft loop failed; stopping the node", self.node_id)
+                self._die(e)
+                return
 
     def _round(self) -> None:
         """Feed the core what arrived, then handle Readies until there are none."""
         core = self.core
         assert core is not None
-        while self._ticks_due or self._inbox or core.has_ready():
+        while self._ticks_due or self._inbox or self._durable_grew or core.has_ready():
+            if self._durable_grew:
+                # The group-commit flusher made more entries durable: report it (an empty
+                # Ready is legal here) so the leader counts itself and followers ack.
+                self._durable_grew = False
+                if self.store.flushed_index > core.durable_index:
+                    self._handle(core.ready())
             ticks, self._ticks_due = self._ticks_due, 0
             for _ in range(min(ticks, 10)):  # after a stall, do not fire a burst of elections
                 core.tick()
@@ -219,20 +242,20 @@ class RaftNode:
             self.metrics["entries_written"] += len(rd.entries)
         if rd.hard_state is not None:
             store.set_hard_state(rd.hard_state)
-        if rd.entries and self.config.flush_disk_type == SYNC_FLUSH:
-            t0 = time.perf_counter()
-            store.flush()
-            self.metrics["fsyncs"] += 1
-            self.metrics["fsync_us_total"] += int((time.perf_counter() - t0) * 1e6)
+        sync = self.config.flush_disk_type == SYNC_FLUSH
+        if rd.entries and sync:
+            self._flush_wanted.set()  # the group-commit flusher fsyncs them off the loop
         send = self.transport.send
         for dest, msg in rd.messages:
             send(dest, msg)
         if listener is not None:
             listener.on_ready(rd)
-        core.advance(rd)
+        # SYNC_FLUSH: only what the flusher has fsynced counts (for our own vote in the
+        # commit and for the acks a follower sends); the rest is reported when it lands.
+        core.advance(rd, store.flushed_index if sync else None)
 
     def _die(self, e: BaseException) -> None:
-        log.critical("raft %s: store failure, stopping the node: %s", self.node_id, e)
+        log.critical("raft %s: stopping the node: %s: %s", self.node_id, type(e).__name__, e)
         self.fatal = e
         self._running = False
         if self.listener is not None:
@@ -248,8 +271,34 @@ class RaftNode:
             self._ticks_due += 1
             self._wake.set()
 
+    async def _group_commit(self) -> None:
+        """SYNC_FLUSH: one fsync at a time on a worker thread, each covering every entry
+        written before it started (group commit). The index file is derived data (recovery
+        rebuilds it from the data files), so only the data is fsynced here; the index is
+        fsynced with each checkpoint. The loop keeps serving while the disk works."""
+        while self._running:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            if self.fatal is not None or self.core is None:
+                return
+            t0 = time.perf_counter()
+            try:
+                await asyncio.to_thread(self.store.flush, False)
+            except StoreError as e:
+                self._die(e)
+                return
+            self.metrics["fsyncs"] += 1
+            self.metrics["fsync_us_total"] += int((time.perf_counter() - t0) * 1e6)
+            if self.store.flushed_index > self.core.durable_index:
+                self._durable_grew = True
+                self._wake.set()
+
     async def _flusher(self) -> None:
-        """ASYNC_FLUSH: fsync periodically. Both modes: checkpoint the durable mark."""
+        """ASYNC_FLUSH: fsync periodically. Both modes: checkpoint the durable mark.
+
+        The fsyncs run on a worker thread (EntryStore.flush holds its flush_lock), so the
+        event loop keeps serving requests and replication while the disk works: an fsync
+        on the loop stalled every in-flight request by its duration."""
         asynchronous = self.config.flush_disk_type == ASYNC_FLUSH
         period = (self.config.async_flush_interval_ms if asynchronous else self.config.checkpoint_interval_ms) / 1000
         while self._running:
@@ -257,10 +306,16 @@ class RaftNode:
             if self.fatal is not None or self.core is None:
                 return
             try:
-                if asynchronous:
-                    self.store.flush()
                 now = time.monotonic()
-                if now - self._last_checkpoint >= self.config.checkpoint_interval_ms / 1000:
+                due = now - self._last_checkpoint >= self.config.checkpoint_interval_ms / 1000
+                if asynchronous or due:
+                    t0 = time.perf_counter()
+                    await asyncio.to_thread(self.store.flush)
+                    self.metrics["background_fsyncs"] += 1
+                    self.metrics["background_fsync_us_total"] += int((time.perf_counter() - t0) * 1e6)
+                if not self._running or self.fatal is not None:
+                    return
+                if due:
                     self._last_checkpoint = now
                     self.store.checkpoint(self.core.commit_index)
             except StoreError as e:

@@ -34,7 +34,8 @@ from node.store import layout as L
 log = logging.getLogger(__name__)
 
 HANDSHAKE_MAGIC = "mqstore-raft"
-PROTOCOL_VERSION = 1
+# 2: Append entries travel as one binary blob with per-entry body CRCs (dledger.codec).
+PROTOCOL_VERSION = 2
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,11 @@ import msgpack
 from aiohttp import web
 
 from node.store.errors import StoreError
+from node import dashboard
+from node.metrics import controller_registry
+from prometheus_client import generate_latest
 from ha.controller import (BrokerHeartbeat, ControllerStateMachine, DecisionKind, ElectOptions, Liveness,
-                           assign_queues, elect, group_view, heartbeat_reply, ops_for_heartbeat, plan_ops,
+                           alive, assign_queues, elect, group_view, heartbeat_reply, ops_for_heartbeat, plan_ops,
                            route_of)
 
 log = logging.getLogger(__name__)
@@ -146,6 +149,10 @@ class Controller:
         app.router.add_post("/topics", self.create_topic)
         app.router.add_get("/routes/{topic}", self.route)
         app.router.add_post("/brokers/heartbeat", self.heartbeat)
+        registry = controller_registry(self.sm)
+        app.router.add_get("/metrics", lambda request: web.Response(
+            body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}))
+        dashboard.add_routes(app)
         return app
 
     async def health(self, request: web.Request) -> web.Response:
@@ -155,11 +162,17 @@ class Controller:
 
     async def metadata(self, request: web.Request) -> web.Response:
         return _reply(request, {"state": self.sm.snapshot(), "raft": self.sm.raft_status(),
-                                "leader": self.leader_api()})
+                                "leader": self.leader_api(), "group": "mqstore-controller",
+                                "peers": sorted(self.api_of_raft.values())})
 
     async def groups(self, request: web.Request) -> web.Response:
         st = self.sm.snapshot()
-        return _reply(request, {"groups": [group_view(g) for _, g in sorted(st["groups"].items())]})
+        now = _mono_ms()
+        views = []
+        for name, g in sorted(st["groups"].items()):
+            online = sorted(alive(self.live.of(name), now, self.opts))
+            views.append({**group_view(g), "online": online})
+        return _reply(request, {"groups": views})
 
     async def sync_state_set(self, request: web.Request) -> web.Response:
         g = self.sm.snapshot()["groups"].get(request.match_info["group"])

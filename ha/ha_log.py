@@ -65,6 +65,10 @@ class HALogConfig:
     min_in_sync_replicas: int = 1           # minInSyncReplicas (with all_ack_in_sync_state_set)
     controller_addrs: tuple[str, ...] = ()  # controllerAddr: heartbeat these (roles then come from them)
     group: str = ""                         # brokerName, as the controller knows the group
+    # Controller mode: a master that has not heard the leader controller confirm it for this
+    # long stops writing and steps down. Keep it below the controller's heartbeat timeout
+    # (3 s by default) so a partitioned master stops before a new one can be elected.
+    controller_lease_ms: int = 2_000
     timings: HATimings = field(default_factory=HATimings)
 
     def validate(self) -> None:
@@ -74,6 +78,8 @@ class HALogConfig:
             raise ValueError("HALogConfig.ha_master_address is required for a slave without a controller")
         if self.min_in_sync_replicas < 1:
             raise ValueError("HALogConfig.min_in_sync_replicas must be >= 1")
+        if self.controller_lease_ms <= 0:
+            raise ValueError("HALogConfig.controller_lease_ms must be > 0")
         self.timings.validate()
 
 
@@ -127,7 +133,13 @@ class HALog:
         self._grown = _Signal()                 # fired when the slave's committed position grows
         self._role_lock = asyncio.Lock()
         self.truncate_listeners: list[Callable[[int], None]] = []   # e.g. consume queues, index
+        # Told the new first offset when the slave's log restarts further on (an empty slave starting
+        # at the master's last segment; a slave below the master's retention): dispatch jumps there.
+        self.reset_listeners: list[Callable[[int], None]] = []
         self.controller_client = None           # ha.controller_server.ControllerClient when controller_addrs
+        self._lease_ms = -1                     # monotonic ms of the leader controller's last confirmation
+        self._lease_task: asyncio.Task | None = None
+        self.step_downs = 0                     # times this master stopped writing after losing the controller
         self._started = False
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -149,11 +161,16 @@ class HALog:
                                                       lambda: self.controller_heartbeat(self.cfg.group),
                                                       self.on_controller_reply)
             self.controller_client.start()
+            self._lease_task = asyncio.get_running_loop().create_task(self._lease_loop(), name="ha-lease")
         log.info("HA log started as %s", self._role, extra={"max_offset": self.commitlog.max_offset,
                                                            "epoch": self.epochs.last_epoch})
 
     async def stop(self) -> None:
         self._accepting = False
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            await asyncio.gather(self._lease_task, return_exceptions=True)
+            self._lease_task = None
         if self.controller_client is not None:
             await self.controller_client.stop()
             self.controller_client = None
@@ -184,13 +201,31 @@ class HALog:
             st["ha_connections"] = self.service.status()
         if self.client is not None:
             st["ha_client"] = self.client.status()
+        st["ha_runtime"] = self.ha_runtime_info()
         return st
+
+    def ha_runtime_info(self) -> dict:
+        """RocketMQ HARuntimeInfo: what `mqstore haStatus` prints."""
+        if self._role == MASTER:
+            conns = self.service.status() if self.service is not None else []
+            return {"master": True, "master_addr": self.cfg.self_api_address,
+                    "master_commit_log_max_offset": self.commitlog.max_offset, "slave_num": len(conns),
+                    "in_sync_slave_num": sum(1 for c in conns if c["in_sync"]), "ha_connection_info": conns}
+        client = self.client.status() if self.client is not None else {}
+        return {"master": False, "master_addr": self._master_api or "", "master_ha_addr": client.get("master_ha_addr", ""),
+                "connected": client.get("connected", False), "max_offset": self.commitlog.max_offset,
+                "committed_offset": self._slave_committed,
+                "transferred_bytes_per_s": client.get("transferred_bytes_per_s", 0.0),
+                "last_read_ms": client.get("last_read_ms", 0), "last_write_ms": client.get("last_write_ms", 0),
+                "master_offset_seen": client.get("master_offset_seen", -1)}
 
     def _epoch_pairs(self) -> list[tuple[int, int]]:
         return [(e.epoch, e.start_offset) for e in self.epochs.entries]
 
     # --- master: append ------------------------------------------------------------------------
     async def append(self, drafts: Sequence[MessageDraft]) -> list[PutResult]:
+        if self._lease_expired():
+            await self._step_down()
         if self._role != MASTER or not self._accepting:
             raise NotLeader(f"broker {self.cfg.broker_id} is a {self._role.lower()}, not accepting writes",
                             leader=self.leader() if self._role != MASTER else None)
@@ -243,7 +278,7 @@ class HALog:
         assert offset == self.commitlog.max_offset, "the HA client checks the offset before appending"
         seg = files.last()
         if seg is None or seg.remaining == 0:
-            async with self.local._io_lock:   # creating a file is structure: not under a flush in progress
+            async with self.local.io_lock:   # creating a file is structure: not under a flush in progress
                 seg = files.ensure_writable(offset)
         if seg.end != offset or len(data) > seg.remaining:
             # The master never sends bytes across a segment: this is a peer with another segment size.
@@ -252,21 +287,23 @@ class HALog:
         try:
             seg.append(data)
         except OSError as e:
-            self.local._fail(StoreFatal(f"slave append failed: {e}"))
+            self.local.fail(StoreFatal(f"slave append failed: {e}"))
             raise StoreFatal(f"slave append failed: {e}") from e
 
     async def _reset_to(self, offset: int) -> None:
         """An empty slave starts its log where the master starts sending (its last segment's base)."""
         assert self.commitlog.max_offset == 0 or self.commitlog.max_offset == self.commitlog.min_offset
-        async with self.local._io_lock:
+        async with self.local.io_lock:
             self.commitlog.files.reset_to(offset)
         self._boundary = self._slave_committed = offset
+        for listener in list(self.reset_listeners):
+            listener(offset)
         log.info("slave log starts at the master's offset %d", offset)
 
     async def ha_after_batch(self) -> None:
         """After each read from the master: fsync (SYNC_FLUSH), then advance the committed boundary."""
-        if self.local._sync:
-            await self.local._flush_once()
+        if self.local.sync_flush:
+            await self.local.flush_now()
             if self.local.fatal is not None:
                 raise self.local.fatal
             limit = self.commitlog.flushed_offset
@@ -302,7 +339,7 @@ class HALog:
         if b > self._boundary:
             self._boundary = b
             self._slave_committed = b
-            self.local._set_committed(b)   # keeps LocalLog's retention bound (safe_upto) moving
+            self.local.advance_committed(b)   # keeps LocalLog's retention bound (safe_upto) moving
             self._grown.fire()
 
     def _note_queue_offset(self, pos: int) -> None:
@@ -355,10 +392,13 @@ class HALog:
         log.error("slave at %d is below the master's first retained offset %d: restarting its log there",
                   self.commitlog.max_offset, master_min)
         await self.truncate(self.commitlog.min_offset)
-        async with self.local._io_lock:
+        async with self.local.io_lock:
             self.commitlog.files.reset_to(master_min)
         self._boundary = self._slave_committed = master_min
-        self.local._committed = master_min
+        for listener in list(self.reset_listeners):
+            listener(master_min)
+        self.local.rewind_committed(master_min)
+        self.local.advance_committed(master_min)
 
     def _consistent_point(self, theirs: list[EpochEntry], master_max: int) -> int:
         local_max = self.commitlog.max_offset
@@ -381,7 +421,7 @@ class HALog:
     async def _truncate(self, offset: int) -> None:
         offset = max(offset, self.commitlog.min_offset)
         rewind = self._tail_queue_offsets(offset)
-        async with self.local._io_lock:
+        async with self.local.io_lock:
             report = self.commitlog.truncate(offset)   # zeroed and fsynced before it returns (RocketMQ #10666)
         self.epochs.truncate_suffix(offset)
         for (topic, qid), first in rewind.items():
@@ -389,8 +429,7 @@ class HALog:
                 self.local.queue_offsets.set(topic, qid, first)
         self._boundary = min(self._boundary, offset)
         self._slave_committed = min(self._slave_committed, offset)
-        if self.local._committed > offset:
-            self.local._committed = offset   # LocalLog has no public rewind (see report to the lead)
+        self.local.rewind_committed(offset)
         for listener in list(self.truncate_listeners):
             listener(offset)
         log.warning("truncated commitlog to %d", offset, extra={"zeroed_bytes": report.zeroed_bytes,
@@ -431,7 +470,7 @@ class HALog:
             await self._stop_client()
             if was == SLAVE and self.commitlog.max_offset > self._boundary:
                 await self._truncate(self._boundary)   # half a record from the old master
-            self.local._set_committed(self.commitlog.max_offset)
+            self.local.advance_committed(self.commitlog.max_offset)
             if epoch > self.epochs.last_epoch:
                 self.epochs.drop_beyond(self.commitlog.max_offset)
                 self.epochs.append(epoch, self.commitlog.max_offset)
@@ -487,6 +526,31 @@ class HALog:
         return self.service.port if self.service is not None else None
 
     # --- controller -----------------------------------------------------------------------------
+    def _lease_expired(self) -> bool:
+        return (self.controller_client is not None and self._role == MASTER
+                and now_ms() - self._lease_ms > self.cfg.controller_lease_ms)
+
+    async def _lease_loop(self) -> None:
+        """A master cut off from the controller stops writing: the controller may be electing
+        another master right now, and two writable masters would fork the log."""
+        while True:
+            await asyncio.sleep(min(0.25, self.cfg.controller_lease_ms / 4000))
+            if self._lease_expired():
+                await self._step_down()
+
+    async def _step_down(self) -> None:
+        async with self._role_lock:
+            if self._role != MASTER:
+                return
+            self._role = SLAVE
+            self._accepting = False
+            self._master_api = None
+            await self._stop_service()
+            self._boundary = self._slave_committed = self.local.committed_position
+            self.step_downs += 1
+            log.error("no word from the leader controller for %d ms: stepped down, writes refused "
+                      "until the controller names a master", now_ms() - self._lease_ms)
+
     def controller_heartbeat(self, group: str) -> dict:
         """What this broker tells the controller every second."""
         in_sync = sorted(self.core.in_sync_broker_ids(self.commitlog.max_offset, now_ms())) if self._role == MASTER else []
@@ -504,6 +568,10 @@ class HALog:
         if master_id is None:
             return   # nobody is master yet: keep what we are (a master stays one until replaced)
         if master_id == self.cfg.broker_id:
+            if reply.get("controller_leader"):
+                self._lease_ms = now_ms()   # only the leader controller's word renews the lease
+            elif self._role != MASTER:
+                return                      # a follower controller's view may be stale: wait for the leader
             await self.become_master(epoch)
             self.core.sync_state_set = frozenset(int(b) for b in reply.get("sync_state_set", []))
         elif reply.get("master_ha_addr"):

@@ -70,6 +70,35 @@ def split_addr(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class RateMeter:
+    """Bytes per second over the last completed one-second window (haStatus TransferSpeed)."""
+
+    WINDOW_MS = 1000
+
+    def __init__(self) -> None:
+        self._window_start = -1
+        self._count = 0
+        self._last_rate = 0.0
+
+    def add(self, n: int, now: int) -> None:
+        self._roll(now)
+        self._count += n
+
+    def per_second(self, now: int) -> float:
+        self._roll(now)
+        return self._last_rate
+
+    def _roll(self, now: int) -> None:
+        if self._window_start < 0:
+            self._window_start = now
+            return
+        elapsed = now - self._window_start
+        if elapsed >= self.WINDOW_MS:
+            # A window that ended long ago with nothing since means the rate is 0 now.
+            self._last_rate = self._count * 1000 / elapsed if elapsed < 2 * self.WINDOW_MS else 0.0
+            self._window_start, self._count = now, 0
+
+
 # ===================================================================================
 # Master side
 # ===================================================================================
@@ -98,6 +127,7 @@ class HAService:
         self.on_ack = on_ack
         self._server: asyncio.base_events.Server | None = None
         self._conns: dict[int, tuple[asyncio.Event, HAConnectionCore, asyncio.StreamWriter]] = {}
+        self._info: dict[int, dict] = {}     # per connection: peer, broker id, where transfer began, rate
         self._tasks: set[asyncio.Task] = set()
         self._ids = itertools.count(1)
 
@@ -123,8 +153,22 @@ class HAService:
             wake.set()
 
     def status(self) -> list[dict]:
-        return [{"conn": cid, "state": core.state.value, "slave_ack_offset": core.slave_ack_offset,
-                 "next_offset": core.next_offset} for cid, (_, core, _) in self._conns.items()]
+        """One row per slave link (mqadmin haStatus): address, ack offset, diff, rate, in-sync."""
+        master_max, now = self.source.ha_max_offset(), now_ms()
+        in_sync_ids = self.core.in_sync_broker_ids(master_max, now)
+        gap = self.t.max_gap_not_in_sync_bytes
+        rows = []
+        for cid, (_, core, _) in self._conns.items():
+            info = self._info.get(cid, {})
+            ack = core.slave_ack_offset
+            bid = info.get("broker_id")
+            in_sync = (bid in in_sync_ids) if bid is not None else (ack >= 0 and master_max - ack <= gap)
+            rows.append({"conn": cid, "state": core.state.value, "addr": info.get("addr", ""), "broker_id": bid,
+                         "slave_ack_offset": ack, "next_offset": core.next_offset,
+                         "diff": master_max - ack if ack >= 0 else master_max,
+                         "transferred_bytes_per_s": info["rate"].per_second(now) if "rate" in info else 0.0,
+                         "in_sync": bool(in_sync), "transfer_from_where": info.get("from", -1)})
+        return rows
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if len(self._conns) >= MAX_SLAVE_CONNECTIONS:
@@ -148,9 +192,11 @@ class HAService:
             core = HAConnectionCore(self.source.segment_size, now_ms(), self.t)
             wake = asyncio.Event()
             self._conns[conn_id] = (wake, core, writer)
+            addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer)
+            self._info[conn_id] = {"addr": addr, "broker_id": broker_id, "from": -1, "rate": RateMeter()}
             log.info("HA: slave %s (broker %s) connected as conn %d", peer, broker_id, conn_id)
             reports = asyncio.get_running_loop().create_task(self._read_reports(reader, conn_id, broker_id))
-            await self._push_loop(writer, core, wake)
+            await self._push_loop(writer, core, wake, self._info[conn_id])
             log.info("HA: conn %d to %s closed: %s", conn_id, peer, core.close_reason)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, StoreError) as e:
             log.warning("HA: conn %d to %s failed: %r", conn_id, peer, e)
@@ -158,6 +204,7 @@ class HAService:
             if reports is not None:
                 reports.cancel()
             self._conns.pop(conn_id, None)
+            self._info.pop(conn_id, None)
             self.core.remove(conn_id)
             writer.close()
 
@@ -181,7 +228,8 @@ class HAService:
         finally:
             wake.set()
 
-    async def _push_loop(self, writer: asyncio.StreamWriter, core: HAConnectionCore, wake: asyncio.Event) -> None:
+    async def _push_loop(self, writer: asyncio.StreamWriter, core: HAConnectionCore, wake: asyncio.Event,
+                         info: dict) -> None:
         while core.state is not ConnState.CLOSED:
             act = core.next_action(now_ms(), self.source.ha_max_offset(), self.source.ha_min_offset())
             if isinstance(act, CloseLink):
@@ -194,6 +242,9 @@ class HAService:
                 writer.write(encode_push(act.offset, data, self.t.max_transfer_bytes))
                 await writer.drain()   # backpressure: at most one push queued past the socket buffer
                 core.pushed(act.offset, len(data), now_ms())
+                if info["from"] < 0:
+                    info["from"] = act.offset
+                info["rate"].add(len(data), now_ms())
                 continue
             wake.clear()
             try:
@@ -226,6 +277,10 @@ class HAClient:
         self.connected = False
         self.last_error = ""
         self.sessions = 0
+        self.last_read_ms = 0         # wall clock (ms) of the last bytes from the master
+        self.last_write_ms = 0        # wall clock (ms) of the last report to the master
+        self.rate = RateMeter()
+        self.master_offset_seen = -1  # the master's max offset as of the handshake or the last push end
         self._task: asyncio.Task | None = None
         self._stopping = False
 
@@ -243,7 +298,10 @@ class HAClient:
 
     def status(self) -> dict:
         return {"master_ha_addr": self.master_addr, "connected": self.connected, "sessions": self.sessions,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "max_offset": self.sink.ha_max_offset(),
+                "transferred_bytes_per_s": self.rate.per_second(now_ms()),
+                "last_read_ms": self.last_read_ms, "last_write_ms": self.last_write_ms,
+                "master_offset_seen": self.master_offset_seen}
 
     async def _run(self) -> None:
         backoff = 1.0
@@ -266,6 +324,7 @@ class HAClient:
             writer.write(encode_frame({"broker_id": self.broker_id, "max_offset": self.sink.ha_max_offset()}))
             welcome = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
             epochs = [(int(e), int(s)) for e, s in welcome.get("epochs", [])]
+            self.master_offset_seen = max(self.master_offset_seen, int(welcome.get("max_offset", 0)))
             await self.sink.ha_reconcile(epochs, int(welcome.get("max_offset", 0)), int(welcome.get("min_offset", 0)))
             self.sessions += 1
             self.connected = True
@@ -286,6 +345,8 @@ class HAClient:
             if data == b"":
                 raise ConnectionResetError("master closed the HA connection")
             if data:
+                self.last_read_ms = int(time.time() * 1000)
+                self.rate.add(len(data), now_ms())
                 await self._apply(core, dec, data)
                 await self.sink.ha_after_batch()   # flush per flushDiskType before we report it
             if core.check_silence(now_ms()):
@@ -295,6 +356,7 @@ class HAClient:
     async def _apply(self, core: HAClientCore, dec: PushDecoder, data: bytes) -> None:
         for push in dec.feed(data):
             verdict = core.on_push(push.offset, len(push.data), self.sink.ha_max_offset(), now_ms())
+            self.master_offset_seen = max(self.master_offset_seen, push.end)
             if verdict is PushVerdict.DROP:
                 raise HAProtocolError(core.close_reason)
             if verdict is not PushVerdict.HEARTBEAT:
@@ -306,4 +368,5 @@ class HAClient:
             return
         writer.write(encode_report(off))
         await writer.drain()
+        self.last_write_ms = int(time.time() * 1000)
         core.reported(off, now_ms())

@@ -49,3 +49,40 @@ def attach_truncation(broker) -> None:
                     d.position)
 
     halog.truncate_listeners.append(on_truncate)
+
+    def on_reset(offset: int) -> None:
+        # Nothing below `offset` exists on this replica any more: dispatch starts there.
+        d = broker.dispatcher
+        d.position = max(d.position, offset)
+        d.flushed_position = max(d.flushed_position, offset)
+        log.warning("slave log restarts at %d: dispatch resumes there", offset)
+
+    halog.reset_listeners.append(on_reset)
+
+
+def dledger_heartbeat(config, log) -> dict:
+    """A DLedger node's heartbeat: the controller learns the group's leader from it, so routes
+    follow leader changes. DLedger elects by itself; the controller never decides for it."""
+    st = log.status()
+    digits = "".join(ch for ch in str(config.dleger_self_id) if ch.isdigit())
+    return {"group": config.group, "broker_id": int(digits) if digits else config.broker_id,
+            "addr": config.api_address, "mode": "dledger", "term": int(st.get("term") or 0),
+            "is_leader": log.role() == "LEADER", "max_offset": int(log.committed_position)}
+
+
+async def start_controller_reporter(broker, config):
+    """DLedger node with `controllerAddr`: heartbeat the controller about once a second.
+    Returns the ControllerClient (stop it on shutdown), or None when there is nothing to do.
+    Classic HA runs its own heartbeats inside HALog; standalone nodes do not report."""
+    if not config.enable_dleger_commit_log or not config.controller_addr:
+        return None
+    from ha.controller_server import ControllerClient
+    addrs = [a.strip() for a in config.controller_addr.replace(",", ";").split(";") if a.strip()]
+
+    async def ignore(_reply: dict) -> None:
+        return None
+
+    client = ControllerClient(addrs, lambda: dledger_heartbeat(config, broker.log), ignore)
+    client.start()
+    log.info("reporting DLedger role to controller(s) %s", addrs)
+    return client

@@ -4,6 +4,8 @@
     mqstore topicList | topicStatus -t T | updateTopic -t T -r 8 -w 8
     mqstore queryMsgById -i ID | queryMsgByKey -t T -k K | queryMsgByOffset -t T -q 0 -o 5
     mqstore brokerStatus | send -t T -b hello | pull -t T -q 0 -o 0
+    mqstore clusterList | topicRoute -t T | deleteTopic -t T | getBrokerConfig
+    mqstore consumerProgress [-g G] | resetOffsetByTime -g G -t T -s now
 Every admin verb takes `-n host:port` (default 127.0.0.1:10911) and `--json` for scripts.
 Tables use mqadmin's columns so existing habits and scripts carry over.
 """
@@ -126,6 +128,102 @@ def send_result_line(r: dict, topic: str, broker_name: str) -> str:
             f"queueOffset={r['queue_offset']}]\n")
 
 
+def human_s(ms: int) -> str:
+    """RocketMQ UtilAll.formatDate(YYYY_MM_DD_HH_MM_SS): yyyy-MM-dd HH:mm:ss (local time)."""
+    return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cluster_list_table(doc: dict) -> str:
+    """mqadmin clusterList: one row per replica; BID 0 is the leader/master, the others count up."""
+    out = ["%-16s  %-22s  %-4s  %-22s %-16s %19s %19s %10s %5s %6s" % (
+        "#Cluster Name", "#Broker Name", "#BID", "#Addr", "#Version", "#InTPS(LOAD)", "#OutTPS(LOAD)",
+        "#PCWait(ms)", "#Hour", "#SPACE")]
+    nodes = sorted(doc["nodes"], key=lambda n: (not _is_writer(n), n["node_id"]))
+    for bid, n in enumerate(nodes):
+        c = n.get("cluster") or {}
+        log = c.get("log") or {}
+        space = log.get("disk_usage_ratio")
+        out.append("%-16s  %-22s  %-4s  %-22s %-16s %19s %19s %10s %5s %-6s" % (
+            doc["cluster"], doc["group"], bid, n["api"], _version(n),
+            "%9.2f(%s,%sms)" % (c.get("in_tps", 0.0), 0, 0) if n["reachable"] else "-",
+            "%9.2f(%s,%sms)" % (c.get("out_tps", 0.0), 0, 0) if n["reachable"] else "-",
+            "-", "-", "%.4f" % space if space is not None else "-"))
+    return "\n".join(out) + "\n"
+
+
+def _is_writer(n: dict) -> bool:
+    return bool(n.get("reachable")) and (n.get("cluster") or {}).get("role") in ("LEADER", "MASTER", "STANDALONE")
+
+
+def _version(n: dict) -> str:
+    from mqstore import __version__
+    return f"mqstore-{__version__}" if n.get("reachable") else "UNREACHABLE"
+
+
+def topic_route_doc(topic_doc: dict, nodes_doc: dict) -> dict:
+    """TopicRouteData as mqadmin topicRoute prints it (brokerDatas, queueDatas)."""
+    nodes = sorted(nodes_doc["nodes"], key=lambda n: (not _is_writer(n), n["node_id"]))
+    addrs = {str(bid): n["api"] for bid, n in enumerate(nodes)}
+    return {"brokerDatas": [{"brokerAddrs": addrs, "brokerName": nodes_doc["group"], "cluster": nodes_doc["cluster"]}],
+            "filterServerTable": {},
+            "queueDatas": [{"brokerName": nodes_doc["group"], "perm": topic_doc["perm"],
+                            "readQueueNums": topic_doc["read_queue_nums"], "topicSysFlag": 0,
+                            "writeQueueNums": topic_doc["write_queue_nums"]}]}
+
+
+def consumer_progress_table(doc: dict) -> str:
+    """mqadmin consumerProgress -g G: per queue offsets, diff and last consumed time."""
+    out = ["%-64s  %-32s  %-4s  %-20s  %-20s  %-20s %-20s  %s" % (
+        "#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Client IP", "#Diff", "#LastTime")]
+    for r in doc["queues"]:
+        last = human_s(r["last_timestamp"]) if r["last_timestamp"] > 0 else "N/A"
+        out.append("%-64s  %-32s  %-4d  %-20d  %-20d  %-20s %-20d  %s" % (
+            r["topic"][:64], doc["broker_name"][:32], r["queue_id"], r["broker_offset"], r["consumer_offset"],
+            "N/A", r["diff"], last))
+    out.append("")
+    out.append("Consume TPS: %.2f" % doc.get("consume_tps", 0.0))
+    out.append("Diff Total: %d" % doc["diff_total"])
+    return "\n".join(out) + "\n"
+
+
+def consumer_groups_table(progress: list[dict]) -> str:
+    """mqadmin consumerProgress without -g: one row per group (no client registry: count 0, OFFLINE)."""
+    out = ["%-64s  %-6s  %-24s %-5s  %-14s  %-7s  %s" % ("#Group", "#Count", "#Version", "#Type", "#Model",
+                                                          "#TPS", "#Diff Total")]
+    for p in progress:
+        out.append("%-64s  %-6d  %-24s %-5s  %-14s  %-7d  %d" % (p["group"][:64], 0, "OFFLINE", "", "", 0,
+                                                                  p["diff_total"]))
+    return "\n".join(out) + "\n"
+
+
+def reset_offset_table(doc: dict, timestamp_text: str) -> str:
+    out = ["rollback consumer offset by specified group[%s], topic[%s], timestamp(string)[%s], timestamp(long)[%s]"
+           % (doc["group"], doc["topic"], timestamp_text, doc["timestamp"]),
+           "%-40s  %-40s  %-40s" % ("#brokerName", "#queueId", "#offset")]
+    out += ["%-40s  %-40d  %-40d" % (doc["broker_name"], r["queue_id"], r["offset"]) for r in doc["queues"]]
+    return "\n".join(out) + "\n"
+
+
+def broker_config_text(doc: dict) -> str:
+    """mqadmin getBrokerConfig: a banner with the address, then `key=  value` sorted."""
+    lines = ["============%s============" % doc["api"]]
+    lines += ["%-50s=  %s" % (k, v) for k, v in sorted(doc["config"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def parse_timestamp(text: str, now_ms: int | None = None) -> int:
+    """resetOffsetByTime -s: `now`, milliseconds, or yyyy-MM-dd#HH:mm:ss:SSS (local time)."""
+    if text == "now":
+        return now_ms if now_ms is not None else int(dt.datetime.now().timestamp() * 1000)
+    if text.isdigit():
+        return int(text)
+    try:
+        t = dt.datetime.strptime(text, "%Y-%m-%d#%H:%M:%S:%f")
+    except ValueError:
+        raise CliError(f"timestamp {text!r} is not `now`, milliseconds or yyyy-MM-dd#HH:mm:ss:SSS") from None
+    return int(t.timestamp() * 1000)
+
+
 # --- verbs ---------------------------------------------------------------------------------------
 def _broker_name(ep: str) -> str:
     return call(ep, "GET", "/health").get("group", "")
@@ -182,6 +280,43 @@ def cmd_query_by_offset(a) -> tuple[Any, str]:
 def cmd_broker_status(a) -> tuple[Any, str]:
     doc = {"health": call(a.endpoint, "GET", "/health"), "cluster": call(a.endpoint, "GET", "/cluster")}
     return doc, key_values({**doc["health"], **{k: v for k, v in doc["cluster"].items() if k not in doc["health"]}})
+
+
+def cmd_cluster_list(a) -> tuple[Any, str]:
+    doc = call(a.endpoint, "GET", "/cluster/nodes")
+    return doc, cluster_list_table(doc)
+
+
+def cmd_topic_route(a) -> tuple[Any, str]:
+    route = topic_route_doc(call(a.endpoint, "GET", f"/topics/{q(a.topic)}"), call(a.endpoint, "GET", "/cluster/nodes"))
+    return route, json.dumps(route, indent=2, sort_keys=True) + "\n"
+
+
+def cmd_delete_topic(a) -> tuple[Any, str]:
+    doc = call(a.endpoint, "DELETE", f"/topics/{q(a.topic)}")
+    cluster = a.cluster or call(a.endpoint, "GET", "/cluster").get("cluster", "")
+    return doc, f"delete topic [{a.topic}] from cluster [{cluster}] success.\n"
+
+
+def cmd_consumer_progress(a) -> tuple[Any, str]:
+    if a.group:
+        path = f"/groups/{q(a.group)}/progress" + (f"?topic={q(a.topic)}" if a.topic else "")
+        doc = call(a.endpoint, "GET", path)
+        return doc, consumer_progress_table(doc)
+    groups = call(a.endpoint, "GET", "/groups")["groups"]
+    progress = [call(a.endpoint, "GET", f"/groups/{q(g)}/progress") for g in groups]
+    return {"groups": progress}, consumer_groups_table(progress)
+
+
+def cmd_reset_offset_by_time(a) -> tuple[Any, str]:
+    ts = parse_timestamp(a.timestamp)
+    doc = call(a.endpoint, "POST", f"/groups/{q(a.group)}/offsets/reset?topic={q(a.topic)}&timestamp={ts}", {})
+    return doc, reset_offset_table(doc, a.timestamp)
+
+
+def cmd_get_broker_config(a) -> tuple[Any, str]:
+    doc = call(a.endpoint, "GET", "/config")
+    return doc, broker_config_text(doc)
 
 
 def cmd_send(a) -> tuple[Any, str]:
@@ -269,11 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(verb, help=text, add_help=False)   # parsed by main's PASSTHROUGH
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(fn=fn, admin=False)
-    for verb in ("clusterList", "topicRoute", "consumerProgress", "resetOffsetByTime", "haStatus",
-                 "getSyncStateSet", "electMaster"):
-        p = sub.add_parser(verb, help="not built yet")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(fn=cmd_not_built, admin=False)
+    from mqstore import admin_ha
+    admin_ha.register(sub, _admin)
     _admin(sub, "topicList", cmd_topic_list, "list topics")
     _admin(sub, "topicStatus", cmd_topic_status, "per-queue offsets").add_argument("-t", "--topic", required=True)
     p = _admin(sub, "updateTopic", cmd_update_topic, "create or update a topic")
@@ -293,6 +425,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--queue", type=int, required=True)
     p.add_argument("-o", "--offset", type=int, required=True)
     _admin(sub, "brokerStatus", cmd_broker_status, "node status")
+    _admin(sub, "clusterList", cmd_cluster_list, "replicas of the node's group, roles and TPS")
+    _admin(sub, "topicRoute", cmd_topic_route, "route data of a topic").add_argument("-t", "--topic", required=True)
+    p = _admin(sub, "deleteTopic", cmd_delete_topic, "delete a topic's config (data ages out)")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-c", "--cluster", help="cluster name (printed only)")
+    p = _admin(sub, "consumerProgress", cmd_consumer_progress, "consumer offsets and lag (all groups without -g)")
+    p.add_argument("-g", "--group")
+    p.add_argument("-t", "--topic")
+    p = _admin(sub, "resetOffsetByTime", cmd_reset_offset_by_time, "move a group's offsets to a store time")
+    p.add_argument("-g", "--group", required=True)
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-s", "--timestamp", required=True, help="now, ms, or yyyy-MM-dd#HH:mm:ss:SSS")
+    _admin(sub, "getBrokerConfig", cmd_get_broker_config, "the node's broker.conf values")
     p = _admin(sub, "send", cmd_send, "send one message")
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-b", "--body", required=True)
@@ -310,7 +455,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Verbs that own their whole argument list (their own --help, their own flags).
-PASSTHROUGH = {"controller": cmd_controller, "pipeline": cmd_pipeline}
+def cmd_drill(a) -> int:
+    # deploy/ lives beside the installed packages in a source checkout (editable install)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isdir(os.path.join(root, "deploy", "drills")):
+        print("ERROR: `mqstore drill` runs from a source checkout (deploy/drills is missing)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, root)
+    from deploy.drills.__main__ import main as drill_main
+    return drill_main(a.rest)
+
+
+PASSTHROUGH = {"controller": cmd_controller, "pipeline": cmd_pipeline, "drill": cmd_drill}
 
 
 def main(argv: list[str] | None = None, out=None) -> int:

@@ -158,6 +158,8 @@ Try it (against the leader):
   .venv/bin/mqstore topicStatus -n {ep} -t TopicTest
   curl -s {ep}/cluster
 
+Dashboard: http://{ep}/dashboard   (metrics: http://{ep}/metrics)
+
 Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with --detach).
 """
 

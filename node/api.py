@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import logging
 from typing import Any, Awaitable, Callable
@@ -19,12 +20,16 @@ from typing import Any, Awaitable, Callable
 import msgpack
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from node.broker import BadRequest, Broker, OutgoingMessage, PullResult
+from node import dashboard
+from node.config import parse_dleger_peers, to_properties
+from node.metrics import node_registry
+from node.client_api import CLIENT_ROUTES
 from node.openapi import openapi_document
 from node.store.errors import StoreError
-from node.store.message import StoredMessage
+from node.store.message import PROPERTY_KEYS, PROPERTY_TAGS, StoredMessage, encode_offset_msg_id, host_bytes
+from node.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as PROPERTY_UNIQ_KEY
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +62,7 @@ async def read_doc(request: web.Request) -> dict[str, Any]:
             raise BadRequest(f"malformed msgpack body: {e}") from None
     else:
         try:
-            doc = json.loads(raw.decode("utf-8"))
+            doc = json.loads(raw)   # bytes: json detects UTF-8 itself, no decoded copy
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"malformed JSON body: {e}") from None
     if not isinstance(doc, dict):
@@ -65,11 +70,28 @@ async def read_doc(request: web.Request) -> dict[str, Any]:
     return doc
 
 
+@functools.lru_cache(maxsize=1024)
+def _offset_id_prefix(store_host: str) -> str:
+    """The first 16 hex digits of an offsetMsgId (store ip and port) of `ip:port`."""
+    ip, _, port = store_host.rpartition(":")
+    return encode_offset_msg_id(host_bytes(ip), int(port), 0)[:16]
+
+
+def offset_msg_id_of(m: StoredMessage) -> str:
+    """m.offset_msg_id, without re-encoding the host part for every message of a pull."""
+    if m.physical_offset < 0:
+        return m.offset_msg_id
+    return _offset_id_prefix(m.store_host) + format(m.physical_offset, "016X")
+
+
 def render_message(m: StoredMessage, binary: bool) -> dict[str, Any]:
+    props = m.properties
+    offset_id = offset_msg_id_of(m)   # computed once: msg_id falls back to it
     doc: dict[str, Any] = {
-        "msg_id": m.msg_id, "offset_msg_id": m.offset_msg_id, "topic": m.topic, "queue_id": m.queue_id,
-        "queue_offset": m.queue_offset, "commitlog_offset": m.physical_offset, "tags": m.tags,
-        "keys": m.keys, "properties": m.properties, "born_timestamp": m.born_timestamp,
+        "msg_id": props.get(PROPERTY_UNIQ_KEY) or offset_id, "offset_msg_id": offset_id, "topic": m.topic,
+        "queue_id": m.queue_id, "queue_offset": m.queue_offset, "commitlog_offset": m.physical_offset,
+        "tags": props.get(PROPERTY_TAGS), "keys": m.keys if PROPERTY_KEYS in props else [], "properties": props,
+        "born_timestamp": m.born_timestamp,
         "store_timestamp": m.store_timestamp, "born_host": m.born_host, "store_host": m.store_host,
         "reconsume_times": m.reconsume_times, "body_crc": m.body_crc,
     }
@@ -129,20 +151,33 @@ def _properties_of(item: dict[str, Any], where: str) -> dict[str, str]:
 
 
 def parse_message(item: Any, i: int) -> OutgoingMessage:
-    where = f"messages[{i}]"
-    if not isinstance(item, dict):
-        raise BadRequest(f"{where} must be an object")
-    tags = item.get("tags")
-    if tags is not None and (not isinstance(tags, str) or "||" in tags):
-        raise BadRequest(f"{where}.tags must be a string without '||'")
-    qid = item.get("queue_id")
-    if qid is not None and (isinstance(qid, bool) or not isinstance(qid, int)):
-        raise BadRequest(f"{where}.queue_id must be an integer")
-    born = item.get("born_timestamp", 0)
-    if isinstance(born, bool) or not isinstance(born, int) or born < 0:
-        raise BadRequest(f"{where}.born_timestamp must be a non-negative integer (ms)")
-    return OutgoingMessage(body=_body_of(item, where), tags=tags or None, keys=_keys_of(item, where),
-                           properties=_properties_of(item, where), queue_id=qid, born_timestamp=born)
+    """One element of `messages`, checked. The hot path of a batched send: the common
+    shapes (bytes or str body, optional str tags, int queue_id and born_timestamp) are
+    checked inline with exact type tests (bool is not an int here); anything else goes
+    through the helpers that also word the errors."""
+    if type(item) is not dict:
+        raise BadRequest(f"messages[{i}] must be an object")
+    get = item.get
+    body = get("body")
+    tb = type(body)
+    if tb is bytes and body and "body_b64" not in item:
+        data = body
+    elif tb is str and body and "body_b64" not in item:
+        data = body.encode("utf-8")
+    else:
+        data = _body_of(item, f"messages[{i}]")
+    tags = get("tags")
+    if tags is not None and (type(tags) is not str or "||" in tags):
+        raise BadRequest(f"messages[{i}].tags must be a string without '||'")
+    qid = get("queue_id")
+    if qid is not None and type(qid) is not int:
+        raise BadRequest(f"messages[{i}].queue_id must be an integer")
+    born = get("born_timestamp", 0)
+    if type(born) is not int or born < 0:
+        raise BadRequest(f"messages[{i}].born_timestamp must be a non-negative integer (ms)")
+    keys = _keys_of(item, f"messages[{i}]") if get("keys") is not None else []
+    props = _properties_of(item, f"messages[{i}]") if get("properties") else {}
+    return OutgoingMessage(data, tags or None, keys, props, qid, born)
 
 
 def query_int(request: web.Request, name: str, default: int | None = None) -> int | None:
@@ -173,8 +208,25 @@ async def health(request: web.Request) -> web.Response:
     return reply(request, doc, 200 if doc["status"] == "UP" else 503)
 
 
+def cluster_doc(b: Broker) -> dict[str, Any]:
+    """/cluster: the broker's view plus this node's API address and message rates."""
+    in_tps, out_tps = b.traffic.tps()
+    return {**b.cluster(), "api": b.config.api_address, "in_tps": in_tps, "out_tps": out_tps,
+            "messages_in": b.messages_in}
+
+
 async def cluster(request: web.Request) -> web.Response:
-    return reply(request, broker_of(request).cluster())
+    return reply(request, cluster_doc(broker_of(request)))
+
+
+async def cluster_nodes(request: web.Request) -> web.Response:
+    """Every member of this node's group (dLegerPeerApis) with its /cluster document."""
+    b = broker_of(request)
+    peers = parse_dleger_peers(b.config.dleger_peer_apis, "dLegerPeerApis") if b.config.dleger_peer_apis else {}
+    peers.setdefault(b.config.node_id, b.config.api_address)
+    nodes = await dashboard.gather_nodes(peers, lambda: cluster_doc(b), b.config.node_id)
+    return reply(request, {"cluster": b.config.broker_cluster_name, "group": b.config.group,
+                           "self": b.config.node_id, "nodes": nodes})
 
 
 async def create_topic(request: web.Request) -> web.Response:
@@ -259,6 +311,40 @@ async def messages_by_key(request: web.Request) -> web.Response:
     return reply(request, {"messages": [render_message(m, wants_msgpack(request)) for m in found]})
 
 
+async def delete_topic(request: web.Request) -> web.Response:
+    cfg = await broker_of(request).delete_topic(request.match_info["topic"])
+    return reply(request, {"deleted": cfg.to_dict()})
+
+
+async def list_groups(request: web.Request) -> web.Response:
+    return reply(request, {"groups": broker_of(request).list_groups()})
+
+
+async def group_progress(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    group = request.match_info["group"]
+    rows = b.group_progress(group, request.query.get("topic"))
+    return reply(request, {"group": group, "broker_name": b.config.group, "consume_tps": b.traffic.tps()[1],
+                           "diff_total": sum(int(r["diff"]) for r in rows), "queues": rows})
+
+
+async def reset_offsets(request: web.Request) -> web.Response:
+    ts, topic = query_int(request, "timestamp"), request.query.get("topic")
+    if ts is None or not topic:
+        raise BadRequest("query parameters topic and timestamp (ms) are required")
+    b = broker_of(request)
+    group = request.match_info["group"]
+    rows = await b.reset_offsets_by_time(group, topic, ts)
+    return reply(request, {"group": group, "topic": topic, "timestamp": ts, "broker_name": b.config.group,
+                           "queues": rows})
+
+
+async def get_config(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    return reply(request, {"broker_name": b.config.group, "api": b.config.api_address,
+                           "config": to_properties(b.config)})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
@@ -290,28 +376,6 @@ async def errors(request: web.Request, handler: Callable[[web.Request], Awaitabl
         return reply(request, error_doc("INTERNAL_ERROR", "internal error; see the node's log"), 500)
 
 
-# --- metrics ------------------------------------------------------------------------------------
-class BrokerCollector:
-    """Real values read at scrape time (the metrics issue adds the full rocketmq_* set)."""
-
-    def __init__(self, broker: Broker):
-        self.broker = broker
-
-    def collect(self):
-        b = self.broker
-        yield GaugeMetricFamily("rocketmq_commitlog_committed_offset", "Committed log position",
-                                value=b.log.committed_position)
-        yield GaugeMetricFamily("rocketmq_commitlog_min_offset", "First retained log position",
-                                value=b.log.min_position)
-        yield GaugeMetricFamily("rocketmq_dispatch_behind_bytes", "Committed bytes not yet dispatched",
-                                value=int(getattr(b.dispatcher, "behind_bytes", 0)))
-        yield CounterMetricFamily("rocketmq_messages_in", "User messages acknowledged since start",
-                                  value=b.messages_in)
-        yield GaugeMetricFamily("rocketmq_long_poll_waiters", "Pulls held by long polling",
-                                value=b.long_poll_waiters)
-        yield GaugeMetricFamily("rocketmq_topics", "Topics known to this node", value=len(b.topics))
-
-
 # --- app --------------------------------------------------------------------------------------------
 ROUTES: list[tuple[str, str, Callable]] = [
     ("GET", "/health", health),
@@ -326,17 +390,23 @@ ROUTES: list[tuple[str, str, Callable]] = [
     ("POST", "/groups/{group}/offsets", commit_offset),
     ("GET", "/groups/{group}/offsets", read_offsets),
     ("GET", "/messages/{offset_msg_id}", message_by_id),
+    ("DELETE", "/topics/{topic}", delete_topic),
+    ("GET", "/cluster/nodes", cluster_nodes),
+    ("GET", "/groups", list_groups),
+    ("GET", "/groups/{group}/progress", group_progress),
+    ("POST", "/groups/{group}/offsets/reset", reset_offsets),
+    ("GET", "/config", get_config),
     ("GET", "/openapi.json", openapi),
     ("GET", "/metrics", metrics),
 ]
+ROUTES += CLIENT_ROUTES   # delay, transactions, group members, send-back (node/client_api.py)
 
 
 def make_app(broker: Broker) -> web.Application:
     app = web.Application(client_max_size=broker.config.max_request_bytes, middlewares=[errors])
     app[BROKER_KEY] = broker
-    registry = CollectorRegistry()
-    registry.register(BrokerCollector(broker))
-    app[REGISTRY_KEY] = registry
+    app[REGISTRY_KEY] = node_registry(broker)
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
+    dashboard.add_routes(app)
     return app

@@ -26,6 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 import msgpack
 
 from node.config import BrokerConfig
+from node.metrics import TrafficStats
 from node.replicated_log import PutResult, ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
@@ -332,7 +333,10 @@ class Broker:
         self._store_ip = M.host_bytes(config.broker_ip1)
         self.ready = False
         self.messages_in = 0                               # user messages acked (metrics)
+        self.traffic = TrafficStats()                      # per-topic in/out counts (metrics, TPS)
         self.fatal: BaseException | None = None            # set when a background task dies
+        from node.client_api import ClientServices        # (late: it imports this module)
+        self.services = ClientServices(self)               # delay, transactions, group members
 
     # --- lifecycle ---------------------------------------------------------------------------
     def system_handlers(self) -> dict[str, Callable[[StoredMessage], None]]:
@@ -354,7 +358,8 @@ class Broker:
         self.dispatcher.add_listener(self._waiters.notify)
         self._tasks = [asyncio.create_task(self._guard("dispatcher", self.dispatcher.run)),
                        asyncio.create_task(self._guard("retention", self._retention_loop)),
-                       asyncio.create_task(self._guard("offset-snapshot", self._snapshot_loop))]
+                       asyncio.create_task(self._guard("offset-snapshot", self._snapshot_loop)),
+                       asyncio.create_task(self._guard("schedule", self.services.schedule.run))]
         self.ready = True
         log.info("broker ready", extra={"topics": len(self.topics), "committed": self.log.committed_position})
 
@@ -546,10 +551,12 @@ class Broker:
         if len(messages) > self.config.max_batch_messages:
             raise BadRequest(f"{len(messages)} messages in one request; the limit is {self.config.max_batch_messages}")
         default_qid = next(self._round_robin.setdefault(cfg.topic, itertools.count())) % cfg.write_queue_nums
-        drafts = [self._draft(cfg, m, i, default_qid) for i, m in enumerate(messages)]
+        now_ms = self.clock_ms()   # one born timestamp for the messages of a batch that carry none
+        drafts = [self._draft(cfg, m, i, default_qid, now_ms) for i, m in enumerate(messages)]
         results = await self.log.append(drafts)
         assert len(results) == len(drafts), "log returned a result per draft"
         self.messages_in += len(drafts)
+        self.traffic.sent(cfg.topic, len(drafts), sum(len(d.body) for d in drafts))
         return [self._send_result(d, r) for d, r in zip(drafts, results)]
 
     async def _topic_for_send(self, topic: Any) -> TopicConfig:
@@ -563,7 +570,8 @@ class Broker:
             raise NoPermission(f"topic {topic!r} is not writable (perm {cfg.perm})")
         return cfg
 
-    def _draft(self, cfg: TopicConfig, m: OutgoingMessage, i: int, default_qid: int) -> MessageDraft:
+    def _draft(self, cfg: TopicConfig, m: OutgoingMessage, i: int, default_qid: int,
+               now_ms: int | None = None) -> MessageDraft:
         where = f"messages[{i}]"
         if len(m.body) > self.config.max_message_size:
             raise MessageTooLarge(f"{where}: body is {len(m.body)} bytes; maxMessageSize is "
@@ -577,8 +585,11 @@ class Broker:
             props[M.PROPERTY_TAGS] = m.tags
         if m.keys:
             props[M.PROPERTY_KEYS] = M.KEY_SEPARATOR.join(m.keys)
-        draft = MessageDraft(topic=cfg.topic, queue_id=qid, body=m.body, properties=props,
-                             born_timestamp=m.born_timestamp or self.clock_ms())
+        topic = cfg.topic
+        if M.PROPERTY_DELAY_TIME_LEVEL in props or M.PROPERTY_TRANSACTION_PREPARED in props:
+            topic, qid, props = self.services.route_special(topic, qid, props, where)  # delay / half message
+        draft = MessageDraft(topic=topic, queue_id=qid, body=m.body, properties=props,
+                             born_timestamp=m.born_timestamp or now_ms or self.clock_ms())
         try:
             return draft.seal(self.config.max_message_size)
         except InvalidMessage as e:
@@ -587,7 +598,8 @@ class Broker:
     def _send_result(self, d: MessageDraft, r: PutResult) -> SendResult:
         offset_id = M.encode_offset_msg_id(self._store_ip, self.config.listen_port, r.physical_offset)
         msg_id = d.properties.get(M.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or offset_id
-        return SendResult(r.status.value, msg_id, offset_id, d.queue_id, r.queue_offset)
+        qid = int(d.properties.get(M.PROPERTY_REAL_QUEUE_ID, d.queue_id))  # the user's queue, not the schedule/half one
+        return SendResult(r.status.value, msg_id, offset_id, qid, r.queue_offset)
 
     # --- pull ------------------------------------------------------------------------------------
     async def pull(self, topic: Any, queue_id: Any, offset: Any, max_msgs: Any = None,
@@ -627,6 +639,7 @@ class Broker:
             return PullResult(PULL_NO_NEW_MSG, offset, lo, hi, [])
         messages, next_offset = self._collect(self.cq_store.get(topic, qid), offset, hi, n, sub)
         status = PULL_FOUND if messages else PULL_NO_MATCHED_MSG
+        self.traffic.pulled(topic, len(messages), sum(len(m.body) for m in messages))
         return PullResult(status, next_offset, lo, hi, messages)
 
     def _collect(self, cq: Any, offset: int, hi: int, n: int, sub: Subscription) -> tuple[list[StoredMessage], int]:
@@ -680,6 +693,59 @@ class Broker:
         if wanted is not None:
             out.setdefault(wanted, {})
         return out
+
+    def list_groups(self) -> list[str]:
+        """Consumer groups with committed offsets on this node."""
+        return sorted({key.rpartition("@")[2] for key in self.offsets if not key.startswith(SYSTEM_PREFIX)})
+
+    def group_progress(self, group: Any, topic: Any = None) -> list[dict[str, int | str]]:
+        """mqadmin consumerProgress rows: every queue of each topic the group committed offsets for."""
+        group = check_group(group)
+        rows: list[dict[str, int | str]] = []
+        for t, committed in sorted(self.get_offsets(group, topic).items()):
+            cfg = self.topics.get(t)
+            if cfg is None:
+                continue   # offsets of a deleted topic
+            for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+                lo, hi = self._queue_bounds(t, qid)
+                off = committed.get(qid, lo)
+                last = self._message_at(t, qid, off - 1) if off > lo else None
+                rows.append({"topic": t, "queue_id": qid, "broker_offset": hi, "consumer_offset": off,
+                             "diff": max(0, hi - off), "last_timestamp": last.store_timestamp if last else 0})
+        return rows
+
+    def offset_by_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        """First queue offset whose store time is >= timestamp_ms (the max offset if none):
+        RocketMQ getOffsetInQueueByTime, a binary search over the consume queue."""
+        lo, hi = self._queue_bounds(topic, qid)
+        a, b = lo, hi
+        while a < b:   # invariant: every offset < a is older than the time; every offset >= b is not
+            mid = (a + b) // 2
+            msg = self._message_at(topic, qid, mid)
+            if msg is None or msg.store_timestamp < timestamp_ms:
+                a = mid + 1
+            else:
+                b = mid
+        return a
+
+    async def reset_offsets_by_time(self, group: Any, topic: Any, timestamp_ms: Any) -> list[dict[str, int]]:
+        """mqadmin resetOffsetByTime: move the group's offset on every queue of `topic` to `timestamp_ms`."""
+        group = check_group(group)
+        cfg = self.topic(topic)
+        ts = check_int("timestamp", timestamp_ms, 0, 1 << 62)
+        out = []
+        for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+            off = self.offset_by_time(cfg.topic, qid, ts)
+            await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
+                                                            "queue_id": qid, "offset": off})
+            out.append({"queue_id": qid, "offset": off})
+        return out
+
+    async def delete_topic(self, topic: Any) -> TopicConfig:
+        """mqadmin deleteTopic: the topic config goes (replicated); its data ages out with retention."""
+        cfg = self.topic(topic)
+        await self._append_system(SYS_TOPIC_CONFIG, {**cfg.to_dict(), "deleted": True})
+        return cfg
 
     # --- queries -------------------------------------------------------------------------------------
     def query_by_id(self, offset_msg_id: Any) -> StoredMessage:

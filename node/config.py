@@ -100,7 +100,7 @@ class BrokerConfig:
     all_ack_in_sync_state_set: bool = _key("allAckInSyncStateSet", False)
     # Classic HA: fewest SyncStateSet members (master included) for a SYNC_MASTER write.
     min_in_sync_replicas: int = _key("minInSyncReplicas", 1)
-    # Classic HA with a controller: higher wins among equally fresh replicas; default brokerId.
+    # Classic HA with a controller: among equally fresh replicas the LOWER value is elected first (RocketMQ); -1 = brokerId.
     broker_election_priority: int = _key("brokerElectionPriority", -1)
 
     # --- DLedger ----------------------------------------------------------------------------

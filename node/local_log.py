@@ -312,6 +312,32 @@ class LocalLog:
         except asyncio.TimeoutError:
             pass
 
+    # --- for a log built on top of this one (ha.HALog: a slave appends pushed bytes) ----------
+    @property
+    def io_lock(self) -> asyncio.Lock:
+        """Held around segment structure changes (create, reset, truncate) and flushes."""
+        return self._io_lock
+
+    @property
+    def sync_flush(self) -> bool:
+        return self._sync
+
+    async def flush_now(self) -> None:
+        """fsync what is written (a failure sets `fatal`)."""
+        await self._flush_once()
+
+    def fail(self, error: StoreFatal) -> None:
+        self._fail(error)
+
+    def advance_committed(self, offset: int) -> None:
+        """Raise the committed position (never lowers it) and wake waiters."""
+        self._set_committed(offset)
+
+    def rewind_committed(self, offset: int) -> None:
+        """After a durable truncation to `offset`: nothing past it is committed any more."""
+        if self._committed > offset:
+            self._committed = offset
+
     @property
     def committed_position(self) -> int:
         return self._committed
@@ -334,7 +360,10 @@ class LocalLog:
         return self._committed
 
     def scan(self, position: int, max_bytes: int) -> ScanBatch:
-        return self.commitlog.scan(position, max_bytes, limit=self._committed)
+        # Framing only: everything below the committed offset was verified by recovery or
+        # written by this process; the dispatcher checks each field it uses, readers
+        # (pull, query) check the CRC when they decode.
+        return self.commitlog.scan(position, max_bytes, limit=self._committed, verify=False)
 
     def read(self, physical_offset: int, size: int) -> bytes:
         if physical_offset + size > self._committed:

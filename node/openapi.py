@@ -57,7 +57,27 @@ def _paths() -> dict[str, Any]:
                 "topics": {"type": "array", "items": _ref("Topic")}}})}}},
         "/topics/{topic}": {"get": {"summary": "Topic config and per-queue min/max offset, last update",
                                     "parameters": [TOPIC],
-                                    "responses": {"200": _ok(_ref("TopicStatus")), **_errors(400, 404)}}},
+                                    "responses": {"200": _ok(_ref("TopicStatus")), **_errors(400, 404)}},
+                            "delete": {"summary": "Delete a topic's config (replicated); data ages out with retention",
+                                       "parameters": [TOPIC],
+                                       "responses": {"200": _ok({"type": "object", "properties": {
+                                           "deleted": _ref("Topic")}}), **_errors(400, 404, 421, 503)}}},
+        "/cluster/nodes": {"get": {"summary": "Every member of this node's group with its /cluster document",
+                                   "responses": {"200": _ok({"type": "object"})}}},
+        "/groups": {"get": {"summary": "Consumer groups with committed offsets on this node",
+                            "responses": {"200": _ok({"type": "object", "properties": {
+                                "groups": {"type": "array", "items": {"type": "string"}}}})}}},
+        "/groups/{group}/progress": {"get": {
+            "summary": "consumerProgress: broker offset, consumer offset, diff and last time per queue",
+            "parameters": [GROUP, _param("topic", "query", "string", "only this topic")],
+            "responses": {"200": _ok(_ref("GroupProgress")), **_errors(400, 404)}}},
+        "/groups/{group}/offsets/reset": {"post": {
+            "summary": "resetOffsetByTime: set the group's offset on every queue of a topic to a store time",
+            "parameters": [GROUP, _param("topic", "query", "string", "topic", True),
+                           _param("timestamp", "query", "integer", "ms; first message stored at or after it", True)],
+            "responses": {"200": _ok({"type": "object"}), **_errors(400, 404, 421, 503)}}},
+        "/config": {"get": {"summary": "getBrokerConfig: the node's broker.conf keys and values",
+                            "responses": {"200": _ok({"type": "object"})}}},
         "/topics/{topic}/messages": {
             "post": {"summary": "Send messages (one atomic batch); results in order", "parameters": [TOPIC],
                      "requestBody": _body(_ref("SendRequest")),
@@ -97,6 +117,43 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": _ok(_ref("Message")), **_errors(400, 404)}}},
         "/openapi.json": {"get": {"summary": "This document", "responses": {"200": {"description": "OK"}}}},
         "/metrics": {"get": {"summary": "Prometheus metrics", "responses": {"200": {"description": "text format"}}}},
+        **_client_paths(),
+    }
+
+
+def _client_paths() -> dict[str, Any]:
+    """Routes of node/client_api.py: group members, send-back, transactions."""
+    obj = {"type": "object"}
+    client_id = _param("client_id", "path", "string", "the consumer's client id")
+    return {
+        "/groups/{group}/heartbeat": {"post": {
+            "summary": "A consumer's heartbeat; answers the live members per topic (clients rebalance on it)",
+            "parameters": [GROUP], "requestBody": _body(_ref("Heartbeat")),
+            "responses": {"200": _ok({"type": "object", "properties": {
+                "group": {"type": "string"}, "members": {"type": "object", "additionalProperties": {
+                    "type": "array", "items": {"type": "string"}}}}}), **_errors(400, 421)}}},
+        "/groups/{group}/members": {"get": {
+            "summary": "Live members of a consumer group", "parameters": [GROUP],
+            "responses": {"200": _ok(obj), **_errors(400, 421)}}},
+        "/groups/{group}/members/{client_id}": {"delete": {
+            "summary": "A consumer leaves its group (others rebalance at once)", "parameters": [GROUP, client_id],
+            "responses": {"200": _ok(obj), **_errors(400, 421)}}},
+        "/groups/{group}/retry": {"post": {
+            "summary": "Send back a message whose consumption failed: to %RETRY%<group> after a delay level, "
+                       "or to %DLQ%<group> once reconsume_times passes max_reconsume_times (16)",
+            "parameters": [GROUP], "requestBody": _body(_ref("SendBack")),
+            "responses": {"200": _ok(_ref("SendBackResult")), **_errors(400, 404, 421, 503)}}},
+        "/transactions/end": {"post": {
+            "summary": "Commit or roll back a half message (recorded in RMQ_SYS_TRANS_OP_HALF_TOPIC)",
+            "requestBody": _body(_ref("EndTransaction")),
+            "responses": {"200": _ok(obj), **_errors(400, 404, 421, 503)}}},
+        "/transactions/pending": {"get": {
+            "summary": "Check-back by polling: undecided half messages of a producer group older than N ms",
+            "parameters": [_param("producer_group", "query", "string", "producer group", True),
+                           _param("older_than_ms", "query", "integer", "only half messages stored this long ago"),
+                           _param("max", "query", "integer", "1..256, default 32")],
+            "responses": {"200": _ok({"type": "object", "properties": {
+                "messages": {"type": "array", "items": _ref("Message")}}}), **_errors(400, 421, 503)}}},
     }
 
 
@@ -142,6 +199,24 @@ def _schemas() -> dict[str, Any]:
             "status": {"enum": ["FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"]},
             "next_offset": integer, "min_offset": integer, "max_offset": integer,
             "messages": {"type": "array", "items": _ref("Message")}}},
+        "GroupProgress": {"type": "object", "properties": {
+            "group": string, "broker_name": string, "consume_tps": {"type": "number"}, "diff_total": integer,
+            "queues": {"type": "array", "items": {"type": "object", "properties": {
+                "topic": string, "queue_id": integer, "broker_offset": integer, "consumer_offset": integer,
+                "diff": integer, "last_timestamp": integer}}}}},
+        "Heartbeat": {"type": "object", "required": ["client_id", "topics"], "properties": {
+            "client_id": string, "topics": {"type": "array", "items": string},
+            "ttl_ms": {"type": "integer", "description": "membership expires this long after the beat (1000..300000)"}}},
+        "SendBack": {"type": "object", "required": ["offset_msg_id"], "properties": {
+            "offset_msg_id": string,
+            "delay_level": {"type": "integer", "description": "0: 3 + reconsume_times; -1: straight to the DLQ"},
+            "max_reconsume_times": {"type": "integer", "description": "default 16"}}},
+        "SendBackResult": {"type": "object", "properties": {
+            "status": string, "topic": string, "reconsume_times": integer, "delay_level": integer,
+            "msg_id": string}},
+        "EndTransaction": {"type": "object", "required": ["producer_group", "offset_msg_id", "action"],
+                           "properties": {"producer_group": string, "offset_msg_id": string,
+                                          "action": {"enum": ["COMMIT", "ROLLBACK"]}}},
         "OffsetCommit": {"type": "object", "required": ["topic", "queue_id", "offset"], "properties": {
             "group": string, "topic": string, "queue_id": integer, "offset": integer}},
     }

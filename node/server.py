@@ -20,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from node.broker import Broker
-from node.config import BrokerConfig
+from node.config import BrokerConfig, parse_delay_levels
 from node.replicated_log import ReplicatedLog
 from node.store.checkpoint import Checkpoint
 from node.store.consume_queue import ConsumeQueueStore
@@ -30,6 +30,7 @@ from node.store.fileio import FileSystem
 from node.store.index_file import IndexService
 from node.store.json_config import ConsumerOffsetTable, TopicConfig, TopicConfigTable
 from node.store.retention import RetentionPolicy
+from node.metrics import TimedFileSystem
 
 log = logging.getLogger("node.server")
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -67,6 +68,28 @@ def setup_logging(config: BrokerConfig, stream=None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(config.log_level.upper())
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)  # one line per request is too much
+
+
+class TermFilter(logging.Filter):
+    """Adds the node's current Raft term to every record (`term` in JSON lines); cheap: one attribute read."""
+
+    def __init__(self, rlog: Any):
+        super().__init__()
+        self.rlog = rlog
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "term"):
+            record.term = getattr(self.rlog, "term", None)
+        return True
+
+
+def add_term_to_logs(broker: Broker) -> None:
+    """DLedger nodes: every log line names the term it was written in."""
+    if getattr(broker.log, "mode", None) != "dledger":
+        return
+    f = TermFilter(broker.log)
+    for h in logging.getLogger().handlers:
+        h.addFilter(f)
 
 
 # --- snapshot adapters (broker's view of the config/ JSON files) ----------------------------------
@@ -142,17 +165,19 @@ def local_log_config(config: BrokerConfig) -> "LocalLogConfig":
 
 
 def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:
-    fs = fs or FileSystem()
+    fs = fs or TimedFileSystem()   # the real file system, fsyncs timed for /metrics
     root = config.store_root
     fs.makedirs(root)
     checkpoint = Checkpoint(fs, root)
     rlog = build_log(config, fs, checkpoint)
     cq_store = ConsumeQueueStore(fs, root, config.cq_units_per_file)
     index = IndexService(fs, root, hash_slots=config.max_hash_slot_num, max_entries=config.max_index_num)
-    dispatcher = Dispatcher(rlog, cq_store, index, checkpoint)
+    dispatcher = Dispatcher(rlog, cq_store, index, checkpoint,
+                            delay_levels_ms=parse_delay_levels(config.message_delay_level))
     broker = Broker(config, rlog, cq_store, index, dispatcher,
                     TopicSnapshots(TopicConfigTable(fs, root)), OffsetSnapshots(ConsumerOffsetTable(fs, root)))
     dispatcher.system_handlers.update(broker.system_handlers())
+    broker.fs = fs
     from ha.wiring import attach_truncation
     attach_truncation(broker)
     return broker
@@ -169,6 +194,7 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
         loop.add_signal_handler(sig, stop_event.set)
     t0 = time.monotonic()
     broker = build_broker(config)
+    add_term_to_logs(broker)
     await broker.start()
     runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
     await runner.setup()
@@ -176,10 +202,14 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     log.info("node serving", extra={"api": f"{config.bind_address}:{config.listen_port}", "mode": broker.log.mode,
                                     "store": config.store_root, "startup_s": round(time.monotonic() - t0, 3)})
     watcher = asyncio.create_task(_watch_fatal(broker, stop_event))
+    from ha.wiring import start_controller_reporter
+    reporter = await start_controller_reporter(broker, config)   # DLedger + controllerAddr: report the leader
     await stop_event.wait()
     watcher.cancel()
     log.info("stopping")
     await runner.cleanup()
+    if reporter is not None:
+        await reporter.stop()
     await broker.stop()
     fatal = broker.fatal or _log_fatal(broker)
     log.info("stopped", extra={"fatal": str(fatal or "")})

@@ -1,4 +1,4 @@
-"""`python -m pipeline <job> ...` (and `mqstore pipeline <job>` once wired to `main`).
+"""`mqstore pipeline <job> ...` (also `python -m pipeline <job> ...`).
 
 Jobs: rebuild, audit, export, stats. Results go to stdout as JSON; progress (Spark
 stages, tasks done / total) to stderr. Exit codes: 0 ok, 1 bad input or job error,
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import threading
 import time
@@ -26,7 +27,7 @@ _PROGRESS_PERIOD_S = 0.5
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipeline", description="mqstore Spark jobs")
+    p = argparse.ArgumentParser(prog="mqstore pipeline", description="mqstore Spark jobs")
     p.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     p.add_argument("--driver-memory", default=None, help="spark.driver.memory, e.g. 2g")
     p.add_argument("--no-progress", action="store_true", help="do not print stage progress to stderr")
@@ -37,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("store_dir")
     r.add_argument("target_dir")
     r.add_argument("--committed-index", type=int, help="DLedger committed index (else from the entry store meta / checkpoint)")
-    r.add_argument("--config", help="the node's broker.conf: CQ and index geometry are taken from it")
+    r.add_argument("--config", help="the node's broker.conf: CQ and index geometry and messageDelayLevel are taken from it")
     r.add_argument("--cq-units-per-file", type=int, default=None,
                    help=f"mapedFileSizeConsumeQueue / 20 of the node (default {L.CQ_UNITS_PER_FILE})")
     r.add_argument("--index-hash-slots", type=int, default=None,
@@ -154,10 +155,10 @@ def run(args) -> int:
 
 def _dispatch(jobs, spark, args) -> tuple[int, object]:
     if args.job == "rebuild":
-        units, slots, entries = _geometry(args)
+        units, slots, entries, delays = _geometry(args)
         r = jobs.rebuild(args.store_dir, args.target_dir, spark=spark, committed_index=args.committed_index,
                          units_per_file=units, index_hash_slots=slots,
-                         index_max_entries=entries, check_crc=not args.no_crc,
+                         index_max_entries=entries, delay_levels_ms=delays, check_crc=not args.no_crc,
                          stop_at_corruption=args.stop_at_corruption, cq_writer=args.cq_writer,
                          index_writer=args.index_writer)
         return EXIT_OK, r.as_dict()
@@ -172,20 +173,26 @@ def _dispatch(jobs, spark, args) -> tuple[int, object]:
     raise AssertionError(f"unknown job {args.job}")
 
 
-def _geometry(args) -> tuple[int, int, int]:
-    """CQ units per file, index hash slots, index entries: flags, else broker.conf, else defaults.
+def _geometry(args) -> tuple[int, int, int, tuple]:
+    """CQ units per file, index hash slots, index entries, delay levels (ms): flags, else
+    broker.conf, else defaults.
 
-    They must match the node's for the rebuilt files to be byte-identical."""
+    They must match the node's for the rebuilt files to be byte-identical (the delay levels
+    give the tag code of SCHEDULE_TOPIC_XXXX units: the delivery time)."""
+    from node.store.dispatcher import DEFAULT_DELAY_LEVELS_MS
     units, slots, entries = L.CQ_UNITS_PER_FILE, L.INDEX_SLOTS_DEFAULT, L.INDEX_ENTRIES_DEFAULT
+    delays = tuple(DEFAULT_DELAY_LEVELS_MS)
     if args.config:
-        from node.config import ConfigError, load_config
+        from node.config import ConfigError, load_config, parse_delay_levels
         try:
             cfg = load_config(args.config)
+            delays = tuple(parse_delay_levels(cfg.message_delay_level))
         except ConfigError as e:
             raise ValueError(f"--config {args.config}: {e}") from None
         units = cfg.maped_file_size_consume_queue // L.CQ_UNIT.size
         slots, entries = cfg.max_hash_slot_num, cfg.max_index_num
-    return (args.cq_units_per_file or units, args.index_hash_slots or slots, args.index_max_entries or entries)
+    return (args.cq_units_per_file or units, args.index_hash_slots or slots, args.index_max_entries or entries,
+            delays)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,3 +208,30 @@ def main(argv: list[str] | None = None) -> int:
     except (JobError, OptionError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except Exception as e:  # noqa: BLE001 - Spark's own errors; anything else is re-raised
+        if not _is_spark_error(e):
+            raise
+        print(f"error: {spark_error_text(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _is_spark_error(e: BaseException) -> bool:
+    try:
+        from pyspark.errors import PySparkException
+    except ImportError:
+        return False
+    return isinstance(e, PySparkException)
+
+
+_PY_ERROR_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Segment|Record)\b.*: ")
+
+
+def spark_error_text(e: BaseException) -> str:
+    """One readable line from a Spark error: for a failed Python task, the error the task
+    raised (the last `Name: message` line of the worker traceback), else Spark's message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if any(ln.startswith("Traceback") for ln in lines):
+        found = [ln for ln in lines if _PY_ERROR_LINE.match(ln)]
+        if found:
+            return found[-1]
+    return lines[0] if lines else type(e).__name__

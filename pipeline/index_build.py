@@ -18,6 +18,11 @@ against the node's Dispatcher, including file rolls):
 - a file is named by file_name_for(first entry's store time), kept strictly increasing
   (previous name + 1 ms) so names sort.
 If the node grows a bulk API (e.g. `IndexFile.put_many`), this module should give way to it.
+
+With numpy installed (the `pipeline` extra lists it) the per-entry work runs
+vectorised: each entry's prev_index is the previous entry of the same slot, found by a
+stable sort on the slot; the slot table takes each slot's last entry. Without numpy the
+same rules run as plain loops. Both are held byte-identical to the node's IndexService.
 """
 
 from __future__ import annotations
@@ -29,6 +34,11 @@ from array import array
 from node.store import layout as L
 from node.store.fileio import FileSystem
 from node.store.index_file import IndexFile, file_name_for
+
+try:
+    import numpy as _np
+except ImportError:  # pragma: no cover - the plain-loop writer below needs nothing
+    _np = None
 
 _HEADER = L.INDEX_HEADER
 _ENTRY = L.INDEX_ENTRY
@@ -91,22 +101,83 @@ def write_file(fs: FileSystem, path: str, hashes, phys, tss, hash_slots: int, ma
         handle.close()
 
 
+# --- numpy path ---------------------------------------------------------------------------
+_NP_CODES = {"i": "i4", "q": "i8"}
+_NP_WRITE_CHUNK = 1 << 20       # entries per pwrite: bounds the temporary bytes
+
+
+def _np_dtype(st):
+    """The numpy record dtype of a big-endian layout, read off the layout's own format."""
+    assert st.format[0] == ">", st.format
+    dt = _np.dtype([(f"f{k}", ">" + _NP_CODES[c]) for k, c in enumerate(st.format[1:])])
+    assert dt.itemsize == st.size, (st.format, dt.itemsize)
+    return dt
+
+
+def write_file_np(fs: FileSystem, path: str, hashes, phys, tss, hash_slots: int, max_entries: int) -> None:
+    """write_file with numpy arrays (int64) of the entries 1..n of one file."""
+    n = len(hashes)
+    assert 0 < n <= max_entries - 1
+    slot = hashes % hash_slots
+    order = _np.argsort(slot, kind="stable")          # entries grouped by slot, in entry order
+    by_slot = slot[order]
+    same = by_slot[1:] == by_slot[:-1]
+    prevs = _np.zeros(n, dtype=_np.int64)
+    prevs[order[1:][same]] = order[:-1][same] + 1     # entry numbers start at 1
+    last = _np.ones(n, dtype=bool)
+    last[:-1] = ~same
+    table = _np.zeros(hash_slots, dtype=_np_dtype(_SLOT))
+    table["f0"][by_slot[last]] = order[last] + 1
+    used = int(last.sum())
+    begin = int(tss[0])
+    entries = _np.empty(n, dtype=_np_dtype(_ENTRY))
+    entries["f0"] = hashes
+    entries["f1"] = phys
+    if begin <= 0:
+        entries["f2"] = 0
+    else:
+        entries["f2"] = _np.clip((tss - begin) // 1000, 0, INT_MAX)
+        entries["f2"][0] = 0      # the first entry is packed before begin_timestamp is set
+    entries["f3"] = prevs
+    handle = fs.open(path)
+    try:
+        handle.truncate(IndexFile.file_size(hash_slots, max_entries))   # sparse, full size, like create()
+        pos = _HEADER.size + hash_slots * _SLOT.size + _ENTRY.size      # entry 1
+        for lo in range(0, n, _NP_WRITE_CHUNK):
+            data = entries[lo:lo + _NP_WRITE_CHUNK].tobytes()
+            handle.pwrite(data, pos)
+            pos += len(data)
+        handle.pwrite(table.tobytes(), _HEADER.size)
+        handle.pwrite(_HEADER.pack(begin, int(tss[-1]), int(phys[0]), int(phys[-1]), used, n + 1), 0)
+        handle.fsync()
+    finally:
+        handle.close()
+
+
 def write_index(target_dir: str, flat: array, hash_slots: int, max_entries: int,
-                fs: FileSystem | None = None) -> list[str]:
-    """Index files under target_dir/index/ from (key_hash, phy, ts) triples in commitlog order."""
+                fs: FileSystem | None = None, use_numpy: bool | None = None) -> list[str]:
+    """Index files under target_dir/index/ from (key_hash, phy, ts) triples in commitlog order.
+
+    use_numpy: None = when numpy is importable; False forces the plain loops."""
     fs = fs or FileSystem()
+    use_numpy = (_np is not None) if use_numpy is None else use_numpy
     directory = os.path.join(target_dir, "index")
     fs.makedirs(directory)
     per_file = max_entries - 1
     n = len(flat) // 3
+    triples = _np.frombuffer(flat, dtype=_np.int64).reshape(n, 3) if use_numpy and n else None
     names: list[str] = []
     prev_ms: int | None = None
     for lo in range(0, n, per_file):    # bounded: one pass per file
         hi = min(n, lo + per_file)
-        hashes, phys, tss = flat[3 * lo:3 * hi:3], flat[3 * lo + 1:3 * hi:3], flat[3 * lo + 2:3 * hi:3]
-        prev_ms = _name_ms(prev_ms, tss[0])
+        if triples is not None:
+            hashes, phys, tss = triples[lo:hi, 0], triples[lo:hi, 1], triples[lo:hi, 2]
+        else:
+            hashes, phys, tss = flat[3 * lo:3 * hi:3], flat[3 * lo + 1:3 * hi:3], flat[3 * lo + 2:3 * hi:3]
+        prev_ms = _name_ms(prev_ms, int(tss[0]))
         name = file_name_for(prev_ms)
-        write_file(fs, os.path.join(directory, name), hashes, phys, tss, hash_slots, max_entries)
+        writer = write_file_np if triples is not None else write_file
+        writer(fs, os.path.join(directory, name), hashes, phys, tss, hash_slots, max_entries)
         names.append(name)
     fs.fsync_dir(directory)
     return names

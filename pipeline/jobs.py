@@ -599,6 +599,9 @@ def _in_committed(failure: dict, ci: int | None) -> bool:
 
 # --- Export and stats (DataFrame jobs over the data source) --------------------------------
 def read_store(spark, store_dir: str, **options):
+    # Checked here, on the driver: inside the data source a bad path comes back wrapped
+    # in Spark's planner errors.
+    P.detect_store_kind(store_dir)
     r = spark.read.format("mqstore").option("path", store_dir)
     for k, v in options.items():
         if v is not None:

@@ -224,21 +224,17 @@ class CommitLog:
         seg.append(data)
 
     def _roll_back(self, batch_start: int, pending: list[tuple[Segment, int, int]]) -> None:
-        """Durably remove everything the failed batch wrote, including a partial pwrite."""
+        """Durably remove everything the failed batch wrote, including a partial pwrite.
+
+        truncate() clears the file holding `batch_start` from there to its end (a short
+        write's bytes included: Segment.append counts them) and deletes the files the batch
+        rolled into, so no record of the batch can be read back by a later recovery."""
         try:
             report = self.files.truncate(batch_start)
-            # Segment.append advances write_pos only after a whole write, so a short write's
-            # bytes lie past the end truncate() zeroed. Zero them too: a record left there
-            # could be read back by a later recovery. (Past `end`: a concurrent flush ignores it.)
-            for seg, rel, n in pending:
-                if seg in self.files.segments and rel + n > seg.write_pos:
-                    lo = max(rel, seg.write_pos)
-                    left = seg.handle.pread(min(seg.capacity, rel + n) - lo, lo)
-                    if left.count(0) != len(left):
-                        seg.handle.pwrite(bytes(len(left)), lo)
-                        seg.handle.fsync()
         except OSError as e:
             raise StoreFatal(f"cannot roll back a failed batch in {self.directory}: {e}") from e
+        assert all(seg not in self.files.segments or seg.write_pos <= rel for seg, rel, _ in pending), \
+            "a failed batch left bytes past the end"
         log.warning("commitlog batch rolled back", extra={"batch_start": batch_start,
                                                           "zeroed_bytes": report.zeroed_bytes,
                                                           "removed_files": report.removed_files})
@@ -261,10 +257,16 @@ class CommitLog:
             raise CorruptRecord(physical_offset, problem)
         return data
 
-    def scan(self, position: int, max_bytes: int, limit: int | None = None, check_crc: bool = True) -> ScanBatch:
+    def scan(self, position: int, max_bytes: int, limit: int | None = None, check_crc: bool = True,
+             verify: bool = True) -> ScanBatch:
         """Message records from `position` up to `limit` (default: the write end), about
         `max_bytes` of them (always at least one whole record if one is there). BLANKs are
-        skipped to the next file. Raises CorruptRecord on anything that is not a record."""
+        skipped to the next file. Raises CorruptRecord on anything that is not a record.
+
+        verify=False checks only the framing (magic, size within the file and the data):
+        for bytes already verified by recovery or written by this process, read by a
+        consumer that checks every field it uses (the dispatcher; RocketMQ's reput service
+        does not re-check CRCs either)."""
         assert max_bytes > 0
         end = self.max_offset if limit is None else min(limit, self.max_offset)
         if position < self.min_offset:
@@ -274,14 +276,14 @@ class CommitLog:
         for _ in range(_SCAN_MAX_HOPS):
             if position >= end or budget <= 0:
                 break
-            position, used, at_blank = self._scan_segment(position, end, budget, check_crc, records)
+            position, used, at_blank = self._scan_segment(position, end, budget, check_crc, records, verify)
             budget -= used
             if not at_blank:
                 break
         return ScanBatch(tuple(records), position)
 
     def _scan_segment(self, position: int, end: int, budget: int, check_crc: bool,
-                      out: list[ScannedRecord]) -> tuple[int, int, bool]:
+                      out: list[ScannedRecord], verify: bool = True) -> tuple[int, int, bool]:
         """Records of one segment from `position`; returns (next position, bytes used, hit BLANK)."""
         seg_size = self.files.segment_size
         seg_end = self.segment_base(position) + seg_size
@@ -306,9 +308,12 @@ class CommitLog:
                 chunk = chunk[:i] + self.files.read(at, total)  # one record larger than the budget
                 if i + total > len(chunk):
                     raise CorruptRecord(at, f"record of {total} bytes runs past the data")
-            problem = record_problem(chunk, i, at, seg_end - at, check_crc)
-            if problem is not None:
-                raise CorruptRecord(at, problem)
+            if verify:
+                problem = record_problem(chunk, i, at, seg_end - at, check_crc)
+                if problem is not None:
+                    raise CorruptRecord(at, problem)
+            elif total < L.MESSAGE_OVERHEAD or total + _MIN_BLANK > seg_end - at:
+                raise CorruptRecord(at, f"bad total size {total}")
             out.append(ScannedRecord(at, chunk[i:i + total]))
             i += total
         return position + i, i, False

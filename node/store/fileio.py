@@ -3,17 +3,30 @@
 `OsFileSystem` is the real thing (pread/pwrite/fdatasync on descriptors).
 `FaultyFileSystem` wraps it for tests: it remembers what each file held at its
 last fsync, and `crash()` puts the unsynced bytes back (optionally leaving a
-torn prefix of the last write); it can also return ENOSPC on writes and EIO on
-fsync. Anything that writes a store file takes a `FileSystem`.
+torn prefix of the last write); it can also return ENOSPC on writes (charged only
+for bytes the disk must newly allocate, as a real disk would), cut one write short,
+and return EIO on fsync. Anything that writes a store file takes a `FileSystem`.
 """
 
 from __future__ import annotations
 
+import bisect
 import errno
 import os
 import random
 import shutil
 from typing import Protocol
+
+
+class ShortWrite(OSError):
+    """A write that stored only its first `written` bytes before failing (ENOSPC).
+
+    The caller must treat those bytes as present in the file: they are there until
+    it truncates them away."""
+
+    def __init__(self, err: int, message: str, written: int):
+        super().__init__(err, message)
+        self.written = written
 
 
 class FileHandle(Protocol):
@@ -35,12 +48,31 @@ class OsFile:
         self.fd = fd
 
     def pwrite(self, data: bytes | memoryview, offset: int) -> int:
+        """Write all of `data` at `offset`, or raise; ShortWrite says how much landed."""
+        size = len(data)
         n = os.pwrite(self.fd, data, offset)
-        if n != len(data):  # a short write on a regular file means the disk is full
-            raise OSError(errno.ENOSPC, f"short write to {self.path}")
-        return n
+        if n == size:
+            return n
+        # A short write on a regular file: retry the rest once; it fails with the real error
+        # (ENOSPC) or completes. Either way the caller learns exactly what is in the file.
+        view = memoryview(data)
+        done = n
+        for _ in range(2):
+            try:
+                n = os.pwrite(self.fd, view[done:], offset + done)
+            except OSError as e:
+                raise ShortWrite(e.errno or errno.ENOSPC, f"short write to {self.path}: {e.strerror}",
+                                 done) from e
+            if n == 0:
+                break
+            done += n
+            if done == size:
+                return size
+        raise ShortWrite(errno.ENOSPC, f"short write to {self.path} ({done} of {size} bytes)", done)
 
     def pread(self, size: int, offset: int) -> bytes:
+        if size < 0 or offset < 0:
+            raise ValueError(f"pread of {self.path}: size {size} and offset {offset} must be >= 0")
         return os.pread(self.fd, size, offset)
 
     def fsync(self) -> None:
@@ -67,6 +99,10 @@ class FileSystem:
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def mtime(self, path: str) -> float:
+        """Last modification time in seconds since the epoch (retention ages files by it)."""
+        return os.stat(path).st_mtime
 
     def listdir(self, path: str) -> list[str]:
         return sorted(os.listdir(path)) if os.path.isdir(path) else []
@@ -113,6 +149,66 @@ class FileSystem:
         return usage.used / usage.total if usage.total else 0.0
 
 
+def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """The allocated (non-hole) byte ranges of an open file, as the kernel reports them."""
+    out: list[tuple[int, int]] = []
+    pos = 0
+    for _ in range(1 << 20):   # bounded: a file has far fewer extents than this
+        if pos >= size:
+            break
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError:        # ENXIO: only a hole from here on
+            break
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        out.append((start, min(end, size)))
+        pos = end
+    return out
+
+
+class _Extents:
+    """Sorted, disjoint, non-touching [start, end) ranges: the bytes a file has allocated.
+
+    Lookups and inserts bisect, so random small writes (index hash slots) stay cheap."""
+
+    __slots__ = ("starts", "ends")
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None):
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        for a, b in ranges or []:
+            self.add(a, b)
+
+    def covered(self, lo: int, hi: int) -> int:
+        """How many bytes of [lo, hi) are already allocated."""
+        n = 0
+        i = max(0, bisect.bisect_right(self.starts, lo) - 1)
+        starts, ends = self.starts, self.ends
+        while i < len(starts) and starts[i] < hi:
+            if ends[i] > lo:
+                n += min(ends[i], hi) - max(starts[i], lo)
+            i += 1
+        return n
+
+    def add(self, lo: int, hi: int) -> None:
+        if lo >= hi:
+            return
+        starts, ends = self.starts, self.ends
+        i = bisect.bisect_left(ends, lo)           # first range that ends at or after lo (may touch)
+        j = bisect.bisect_right(starts, hi)        # ranges [i, j) overlap or touch [lo, hi)
+        if i < j:
+            lo, hi = min(lo, starts[i]), max(hi, ends[j - 1])
+        starts[i:j] = [lo]
+        ends[i:j] = [hi]
+
+    def cut(self, size: int) -> None:
+        """The file was truncated to `size`: nothing past it stays allocated."""
+        i = bisect.bisect_left(self.starts, size)
+        del self.starts[i:], self.ends[i:]
+        if self.ends and self.ends[-1] > size:
+            self.ends[-1] = size
+
+
 class _FaultyFile:
     """An OsFile that remembers the bytes it overwrote since its last fsync."""
 
@@ -120,13 +216,27 @@ class _FaultyFile:
         self.fs = fs
         self.inner = inner
         self.path = inner.path
+        fs._extents_of(self.path, inner)
 
     def pwrite(self, data: bytes | memoryview, offset: int) -> int:
-        self.fs._charge(len(data), self.path)
+        extents = self.fs._extents_of(self.path, self.inner)
+        new_bytes = len(data) - extents.covered(offset, offset + len(data))
+        self.fs._charge(new_bytes, self.path)
+        cut = self.fs.short_write_bytes
+        if cut is not None and cut < len(data):
+            self.fs.short_write_bytes = None       # one-shot
+            self._write(data[:cut], offset)
+            raise ShortWrite(errno.ENOSPC, f"injected short write to {self.path} ({cut} of {len(data)} bytes)",
+                             cut)
+        return self._write(data, offset)
+
+    def _write(self, data: bytes | memoryview, offset: int) -> int:
         old = self.inner.pread(len(data), offset)
         size_before = self.inner.size()
         self.fs._undo.setdefault(self.path, []).append((offset, old, size_before))
-        return self.inner.pwrite(data, offset)
+        n = self.inner.pwrite(data, offset)
+        self.fs._extents_of(self.path, self.inner).add(offset, offset + len(data))
+        return n
 
     def pread(self, size: int, offset: int) -> bytes:
         return self.inner.pread(size, offset)
@@ -140,6 +250,7 @@ class _FaultyFile:
     def truncate(self, size: int) -> None:
         # Treated as durable at once: the store fsyncs right after every truncate it relies on.
         self.inner.truncate(size)
+        self.fs._extents_of(self.path, self.inner).cut(size)
 
     def size(self) -> int:
         return self.inner.size()
@@ -153,19 +264,53 @@ class FaultyFileSystem(FileSystem):
 
     crash(torn=True) undoes every write not followed by an fsync of its file;
     with torn=True the newest write of each file keeps a random prefix instead.
+    `write_budget_bytes` models free space: a write is charged only for the bytes it
+    newly allocates (overwriting bytes already written costs nothing; filling a sparse
+    hole does), and one that does not fit fails with ENOSPC before writing anything.
+    `short_write_bytes` makes the next write longer than that store only that many bytes
+    and raise ShortWrite (ENOSPC). `mtimes` overrides FileSystem.mtime per path.
     """
 
     def __init__(self, seed: int = 0):
         self.rng = random.Random(seed)
         self._undo: dict[str, list[tuple[int, bytes, int]]] = {}
+        self._extents: dict[str, _Extents] = {}
         self.fail_fsync = False
         self.write_budget_bytes: int | None = None   # None = unlimited; else ENOSPC when exhausted
+        self.short_write_bytes: int | None = None    # one-shot: the next longer write stops here
+        self.mtimes: dict[str, float] = {}
 
     def open(self, path: str) -> FileHandle:
         return _FaultyFile(self, super().open(path))  # type: ignore[arg-type]
 
+    def _extents_of(self, path: str, handle: OsFile) -> _Extents:
+        ext = self._extents.get(path)
+        if ext is None:   # first sight of the file (or forgotten after a crash): ask the kernel
+            ext = self._extents[path] = _Extents(_data_extents(handle.fd, handle.size()))
+        return ext
+
+    def remove(self, path: str) -> None:
+        super().remove(path)
+        self._extents.pop(path, None)
+
+    def rmtree(self, path: str) -> None:
+        super().rmtree(path)
+        prefix = os.path.join(path, "")
+        for p in [p for p in self._extents if p.startswith(prefix)]:
+            del self._extents[p]
+
+    def rename(self, src: str, dst: str) -> None:
+        super().rename(src, dst)
+        if src in self._extents:
+            self._extents[dst] = self._extents.pop(src)
+        else:
+            self._extents.pop(dst, None)
+
+    def mtime(self, path: str) -> float:
+        return self.mtimes[path] if path in self.mtimes else super().mtime(path)
+
     def _charge(self, n: int, path: str) -> None:
-        if self.write_budget_bytes is None:
+        if self.write_budget_bytes is None or n <= 0:
             return
         if n > self.write_budget_bytes:
             raise OSError(errno.ENOSPC, f"injected ENOSPC writing {path}")
@@ -192,4 +337,5 @@ class FaultyFileSystem(FileSystem):
             finally:
                 os.close(fd)
         self._undo.clear()
+        self._extents.clear()   # reverted writes may have freed space: re-read allocation on next use
         return reverted

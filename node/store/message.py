@@ -8,6 +8,7 @@ physical offset and store timestamp the log assigns under its lock.
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import zlib
@@ -45,12 +46,41 @@ def java_string_hash(s: str) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
+@functools.lru_cache(maxsize=4096)
+def _tags_hash(tags: str) -> int:
+    return java_string_hash(tags)
+
+
 def tags_code(tags: str | None) -> int:
-    """ConsumeQueue tag hash: String.hashCode, 0 when there are no tags."""
-    return java_string_hash(tags) if tags else 0
+    """ConsumeQueue tag hash: String.hashCode, 0 when there are no tags (cached: few distinct tags)."""
+    return _tags_hash(tags) if tags else 0
+
+
+_VALID_TOPICS: set[str] = set()     # topics that passed validate_topic (bounded below)
+_VALID_TOPICS_MAX = 4096
 
 
 def validate_topic(topic: str) -> None:
+    if type(topic) is str and topic in _VALID_TOPICS:
+        return
+    _validate_topic(topic)
+    if len(_VALID_TOPICS) >= _VALID_TOPICS_MAX:
+        _VALID_TOPICS.clear()
+    _VALID_TOPICS.add(topic)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_field(topic: str) -> bytes:
+    """TOPICLEN + TOPIC of a record, for a topic that passes validate_topic (raises otherwise)."""
+    validate_topic(topic)
+    raw = topic.encode("ascii")
+    return L.TOPIC_LEN.pack(len(raw)) + raw
+
+
+_HEADER_SIZE = L.MESSAGE_HEADER.size
+
+
+def _validate_topic(topic: str) -> None:
     if not isinstance(topic, str) or not topic:
         raise InvalidMessage("topic must be a non-empty string")
     if len(topic) > L.MAX_TOPIC_CHARS:
@@ -60,19 +90,30 @@ def validate_topic(topic: str) -> None:
 
 
 def encode_properties(props: dict[str, str]) -> bytes:
-    for k, v in props.items():
-        for part in (k, v):
-            if L.NAME_VALUE_SEPARATOR in part or L.PROPERTY_SEPARATOR in part:
-                raise InvalidMessage(f"property {k!r} contains a reserved separator character")
-    text = "".join(f"{k}{L.NAME_VALUE_SEPARATOR}{v}{L.PROPERTY_SEPARATOR}" for k, v in props.items())
+    if not props:
+        return b""
+    nv, ps = L.NAME_VALUE_SEPARATOR, L.PROPERTY_SEPARATOR
+    text = "".join([f"{k}{nv}{v}{ps}" for k, v in props.items()])
+    # Exactly one separator of each kind per pair, or a name or value holds a reserved one.
+    if text.count(L.NAME_VALUE_SEPARATOR) != len(props) or text.count(L.PROPERTY_SEPARATOR) != len(props):
+        for k, v in props.items():
+            for part in (k, v):
+                if L.NAME_VALUE_SEPARATOR in part or L.PROPERTY_SEPARATOR in part:
+                    raise InvalidMessage(f"property {k!r} contains a reserved separator character")
     return text.encode("utf-8")
 
 
 def decode_properties(raw: bytes) -> dict[str, str]:
-    props: dict[str, str] = {}
     if not raw:
-        return props
-    for pair in raw.decode("utf-8", "replace").split(L.PROPERTY_SEPARATOR):
+        return {}
+    text = raw.decode("utf-8", "replace")
+    nv = L.NAME_VALUE_SEPARATOR
+    try:   # the common case, every pair well formed: dict() does the loop in C
+        return dict([pair.split(nv, 1) for pair in text.split(L.PROPERTY_SEPARATOR) if pair])
+    except ValueError:
+        pass   # a pair without a name/value separator: skip it, as below
+    props: dict[str, str] = {}
+    for pair in text.split(L.PROPERTY_SEPARATOR):
         if not pair:
             continue
         name, sep, value = pair.partition(L.NAME_VALUE_SEPARATOR)
@@ -111,19 +152,22 @@ class MessageDraft:
     tags_code: int = 0
 
     def seal(self, max_body_bytes: int = L.MAX_BODY_BYTES_DEFAULT) -> "MessageDraft":
-        validate_topic(self.topic)
-        if len(self.body) > max_body_bytes:
-            raise InvalidMessage(f"body is {len(self.body)} bytes; the limit is {max_body_bytes}")
+        body = self.body
+        if len(body) > max_body_bytes:
+            raise InvalidMessage(f"body is {len(body)} bytes; the limit is {max_body_bytes}")
         if self.queue_id < 0:
             raise InvalidMessage("queue_id must be >= 0")
-        props = encode_properties(self.properties)
+        topic_field = _topic_field(self.topic) if type(self.topic) is str else validate_topic(self.topic)
+        properties = self.properties
+        props = encode_properties(properties)
         if len(props) > L.MAX_PROPERTIES_BYTES:
             raise InvalidMessage(f"properties are {len(props)} bytes; the limit is {L.MAX_PROPERTIES_BYTES}")
-        topic = self.topic.encode("ascii")
-        self.tail = b"".join((self.body, L.TOPIC_LEN.pack(len(topic)), topic, L.PROPERTIES_LEN.pack(len(props)), props))
-        self.body_crc = zlib.crc32(self.body)
-        self.total_size = L.MESSAGE_HEADER.size + len(self.tail)
-        self.tags_code = tags_code(self.properties.get(PROPERTY_TAGS))
+        tail = b"".join((body, topic_field, L.PROPERTIES_LEN.pack(len(props)), props))
+        self.tail = tail
+        self.body_crc = zlib.crc32(body)
+        self.total_size = _HEADER_SIZE + len(tail)
+        tags = properties.get(PROPERTY_TAGS)
+        self.tags_code = _tags_hash(tags) if tags else 0
         return self
 
     @property
@@ -185,7 +229,9 @@ class StoredMessage:
         return encode_offset_msg_id(host_bytes(ip), int(port), self.physical_offset)
 
 
+@functools.lru_cache(maxsize=1024)
 def _host(ip: bytes, port: int) -> str:
+    """`ip:port` text (cached: a store holds few distinct hosts, and a pull decodes two per message)."""
     return f"{socket.inet_ntoa(ip)}:{port}"
 
 

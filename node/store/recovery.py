@@ -22,6 +22,7 @@ from node.store import layout as L
 from node.store.commitlog import CommitLog, record_problem
 from node.store.errors import StoreFatal
 from node.store.segment import Segment
+from node.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,8 @@ class _Walk:
     scanned: int = 0
     end: int = 0
     reason: str = "end of data"
+    progress: Progress | None = None    # bar on a TTY, log lines otherwise (long scans only)
+    start: int = 0
 
 
 def recover(commitlog: CommitLog, checkpoint_committed_offset: int | None, abnormal: bool,
@@ -104,7 +107,17 @@ def _start_index(commitlog: CommitLog, checkpoint: int | None, abnormal: bool) -
 def _walk(commitlog: CommitLog, start_index: int, chunk_bytes: int) -> _Walk:
     """Walk files from `start_index` to the end of the valid data."""
     segs = commitlog.files.segments
-    w = _Walk(end=segs[start_index].base)
+    total = sum(s.capacity for s in segs[start_index:])
+    w = _Walk(end=segs[start_index].base, progress=Progress("commitlog recovery scan", total),
+              start=segs[start_index].base)
+    try:
+        _walk_files(segs, start_index, chunk_bytes, w)
+    finally:
+        w.progress.finish()
+    return w
+
+
+def _walk_files(segs: list[Segment], start_index: int, chunk_bytes: int, w: _Walk) -> _Walk:
     for idx in range(start_index, len(segs)):
         seg = segs[idx]
         w.end = seg.base
@@ -112,6 +125,8 @@ def _walk(commitlog: CommitLog, start_index: int, chunk_bytes: int) -> _Walk:
         if not hit_blank:
             return w
         w.end = seg.base + seg.capacity   # a BLANK fills the file; continue in the next one
+        if w.progress is not None:
+            w.progress.update(w.end - w.start)
     return w
 
 
@@ -131,6 +146,8 @@ def _walk_segment(seg: Segment, chunk_bytes: int, w: _Walk) -> bool:
             rel += i
             w.scanned += i
             w.end = base + rel
+            if w.progress is not None:
+                w.progress.update(w.end - w.start)
             continue
         return verdict
     w.reason = "end of file without a blank"

@@ -118,13 +118,16 @@ def _upto(segments: Sequence[SegmentAge], chosen: Sequence[int]) -> int:
 
 
 def file_mtime_s(path: str) -> float:
-    # FileSystem has no stat(); mtime is metadata, read directly (see the report to the lead).
+    """mtime straight from the OS, for callers without a FileSystem."""
     return os.stat(path).st_mtime
 
 
 def apply(commitlog: "CommitLog", policy: RetentionPolicy, now: datetime, disk_ratio: float,
-          safe_upto: int | None = None, mtime_of: Callable[[str], float] = file_mtime_s) -> RetentionDecision:
-    """Decide for `commitlog`'s segments and delete the chosen head files."""
+          safe_upto: int | None = None, mtime_of: Callable[[str], float] | None = None) -> RetentionDecision:
+    """Decide for `commitlog`'s segments and delete the chosen head files. File ages come
+    from the commitlog's FileSystem (`fs.mtime`) unless `mtime_of` is given."""
+    if mtime_of is None:
+        mtime_of = commitlog.fs.mtime
     infos = commitlog.segment_infos()
     ages = [SegmentAge(s.base, s.base + commitlog.segment_size if i < len(infos) - 1 else s.end, mtime_of(s.path))
             for i, s in enumerate(infos)]

@@ -8,7 +8,9 @@ data, consume queue), not here.
 
 Files are created at full size (sparse) like RocketMQ's mapped files, so the end
 of the data in the last file is found by the owner's recovery scan, and a
-truncation zeroes the bytes it removes before it returns.
+truncation zeroes the bytes it removes before it returns (by cutting the file
+down and growing it back, so the removed range becomes a hole: no writes, however
+much of a 1 GiB file it covers).
 """
 
 from __future__ import annotations
@@ -18,10 +20,9 @@ import os
 from dataclasses import dataclass
 
 from node.store.errors import StoreFatal
-from node.store.fileio import FileHandle, FileSystem
+from node.store.fileio import FileHandle, FileSystem, ShortWrite
 
 NAME_DIGITS = 20
-_ZERO_CHUNK = bytes(1 << 20)
 
 
 def segment_name(base: int) -> str:
@@ -49,17 +50,28 @@ class Segment:
         return self.capacity - self.write_pos
 
     def append(self, data: bytes | memoryview) -> int:
-        """Write at the end; return the absolute offset written at."""
+        """Write at the end; return the absolute offset written at.
+
+        On a short write the bytes that did land count as written (write_pos moves past
+        them) before the error propagates, so the owner's truncate back to its batch start
+        clears them; write_pos never lags behind what the file holds."""
         assert len(data) <= self.remaining, "caller must roll before a write that does not fit"
         at = self.base + self.write_pos
-        self.handle.pwrite(data, self.write_pos)
+        try:
+            self.handle.pwrite(data, self.write_pos)
+        except ShortWrite as e:
+            self.write_pos += max(0, min(e.written, len(data)))
+            raise
         self.write_pos += len(data)
         return at
 
     def read(self, offset: int, size: int) -> bytes:
+        """Up to `size` bytes at `offset` within the file (past the data end too: recovery
+        scans there); b"" at or past the file end or for a size <= 0."""
         rel = offset - self.base
         assert 0 <= rel <= self.capacity
-        return self.handle.pread(min(size, self.capacity - rel), rel)
+        n = min(size, self.capacity - rel)
+        return self.handle.pread(n, rel) if n > 0 else b""
 
 
 @dataclass
@@ -161,11 +173,13 @@ class SegmentedFile:
 
     # --- IO -----------------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes:
-        """Up to `size` bytes at `offset`, never crossing a segment boundary."""
+        """Up to `size` bytes of data at `offset`, never crossing a segment boundary nor the
+        data end; b"" where there is no data (before the first file, past the end)."""
         seg = self.segment_for(offset)
         if seg is None:
             return b""
-        return seg.read(offset, min(size, seg.end - offset))
+        n = min(size, seg.end - offset)
+        return seg.read(offset, n) if n > 0 else b""
 
     def flush(self) -> int:
         """fsync every segment holding unflushed data; return the new flushed offset.
@@ -197,21 +211,19 @@ class SegmentedFile:
         zeroed = 0
         seg = self.last()
         if seg is not None:
-            rel = offset - seg.base
-            # Zero up to the furthest byte that may hold data: the write position, or the
-            # whole file when the end is unknown (write_pos == capacity after load).
-            upto = seg.write_pos
-            pos = rel
-            while pos < upto:
-                n = min(len(_ZERO_CHUNK), upto - pos)
-                seg.handle.pwrite(_ZERO_CHUNK[:n], pos)
-                pos += n
-                zeroed += n
-            seg.write_pos = max(0, rel)
+            rel = min(seg.capacity, max(0, offset - seg.base))
+            # Everything past `rel` may hold data (up to write_pos; up to the whole file when
+            # the end is not known yet, write_pos == capacity after load). Cut the file down
+            # to `rel` and grow it back: the kernel frees those blocks and they read as zeros,
+            # at the cost of two metadata updates instead of writing up to a segment of zeros.
+            zeroed = max(0, seg.write_pos - rel)
             try:
+                seg.handle.truncate(rel)
+                seg.handle.truncate(seg.capacity)
                 seg.handle.fsync()
             except OSError as e:
-                raise StoreFatal(f"fsync after truncate failed in {self.directory}: {e}") from e
+                raise StoreFatal(f"truncate to {offset} failed in {self.directory}: {e}") from e
+            seg.write_pos = rel
         if removed:
             self.fs.fsync_dir(self.directory)
         self.flushed = min(self.flushed, self.end)

@@ -162,9 +162,14 @@ def test_empty_slave_starts_at_masters_last_segment(tmp_path):
         last_base = m.commitlog.files.segments[-1].base
         assert last_base > 0
         s = slave_log(tmp_path / "s", m)
+        resets = []
+        s.reset_listeners.append(resets.append)   # the broker's dispatcher jumps here (ha.wiring)
         await s.start()
         await until(lambda: s.committed_position == m.committed_position, what="slave tail")
         assert s.min_position == last_base
+        # Regression: the slave's dispatcher stayed at 0, below the new first offset, and the
+        # node stopped ("position 0 is below the first retained offset").
+        assert resets == [last_base]
         await s.stop()
         await m.stop()
     asyncio.run(main())
@@ -226,7 +231,9 @@ def test_master_restarting_within_its_epoch_continues_it_and_ignores_stale_repli
         with pytest.raises(NotLeader):
             await m.append([msg(0)])
         reply = {"master_id": 0, "epoch": 1, "master_addr": "127.0.0.1:1", "master_ha_addr": "127.0.0.1:2",
-                 "sync_state_set": [0]}
+                 "sync_state_set": [0], "controller_leader": True}
+        await m.on_controller_reply({**reply, "controller_leader": False})
+        assert m.role() == SLAVE                       # a follower controller's word does not promote
         await m.on_controller_reply(reply)
         assert m.role() == MASTER
         await m.append([msg(1)])

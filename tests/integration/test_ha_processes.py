@@ -9,6 +9,10 @@ broker nodes of group broker-b, run as `python -m node`). Expected outcomes, one
 3. ASYNC_MASTER: the loss window (acked messages missing on the new master after kill -9)
    is measured and printed, not hidden.
 4. A slave far behind (started after many writes) catches up.
+5. A master cut off from the controller (a TCP fault proxy between it and the controller
+   drops every connection) steps down and refuses writes; the controller elects the slave;
+   after the cut heals the old master follows the new one; no acked message is lost.
+6. Consumer offsets and topic config written on the master are readable on the slave.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -65,6 +70,85 @@ def wait_for(pred, timeout=30.0, what=""):
     raise AssertionError(f"timed out: {what} ({last!r})")
 
 
+class FaultProxy:
+    """A loopback TCP proxy that can be cut: while cut, every open connection is closed and new
+    ones are closed on accept. Bounded: at most 64 live connections, 64 KiB per read."""
+
+    MAX_CONNS = 64
+
+    def __init__(self, target_port: int):
+        self.target = ("127.0.0.1", target_port)
+        self.cut = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.listener.settimeout(0.2)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self.listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            with self._lock:
+                full = len(self._socks) >= self.MAX_CONNS
+            if self.cut.is_set() or full:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while not self.cut.is_set():
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+            with self._lock:
+                self._socks = [s for s in self._socks if s not in (src, dst)]
+
+    def partition(self) -> None:
+        self.cut.set()
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def heal(self) -> None:
+        self.cut.clear()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.partition()
+        self.listener.close()
+
+
 class Group:
     """One controller and two brokers (ids 0 and 1) of group broker-b."""
 
@@ -76,6 +160,7 @@ class Group:
         self.api = {0: p[2], 1: p[3]}
         self.ha = {0: p[4], 1: p[5]}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.controller_addr = {0: f"127.0.0.1:{self.ctl_api}", 1: f"127.0.0.1:{self.ctl_api}"}
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
@@ -83,7 +168,7 @@ class Group:
 
     def start_controller(self) -> None:
         self._spawn("ctl", [sys.executable, "-m", "ha", "--port", str(self.ctl_api), "--raft-port", str(self.ctl_raft),
-                            "--data-dir", os.path.join(self.tmp, "ctl"), "--heartbeat-timeout-ms", "2000"])
+                            "--data-dir", os.path.join(self.tmp, "ctl"), "--heartbeat-timeout-ms", "3000"])
         wait_for(lambda: http("GET", f"http://127.0.0.1:{self.ctl_api}/health")[1].get("role") == "LEADER",
                  what="controller up")
 
@@ -94,7 +179,7 @@ class Group:
                 "brokerClusterName=ha-test", "brokerName=broker-b", f"brokerId={b}", f"brokerRole={self.role}",
                 "flushDiskType=ASYNC_FLUSH", f"storePathRootDir={os.path.join(self.tmp, f'store{b}')}",
                 "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144", f"listenPort={self.api[b]}", f"haListenPort={self.ha[b]}",
-                "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"controllerAddr=127.0.0.1:{self.ctl_api}", ""]))
+                "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"controllerAddr={self.controller_addr[b]}", ""]))
         self._spawn(f"b{b}", [sys.executable, "-m", "node", "-c", conf])
 
     def url(self, b: int, path: str) -> str:
@@ -238,3 +323,91 @@ def test_slave_far_behind_catches_up(group):
     g.wait_role(1, "SLAVE")
     wait_for(lambda: g.health(1)["committed_offset"] == g.health(0)["committed_offset"], timeout=60,
              what="slave caught up")
+
+
+def test_master_partitioned_from_controller_steps_down_and_slave_takes_over(group):
+    g = group
+    proxy = FaultProxy(g.ctl_api)
+    try:
+        g.controller_addr[0] = f"127.0.0.1:{proxy.port}"   # only broker 0 reaches the controller through it
+        _bring_up(g)
+        acked = [i for i in range(20) if g.send(0, i) == "SEND_OK"]
+        assert len(acked) == 20
+        proxy.partition()
+        t0 = time.monotonic()
+        # Broker 0 still runs and still reaches its slave; only the controller is gone.
+        wait_for(lambda: g.health(0).get("role") == "SLAVE", timeout=10, what="partitioned master steps down")
+        stepped = time.monotonic() - t0
+        refused = g.send(0, 500)
+        assert refused.startswith("HTTP"), f"a master cut off from the controller accepted a write: {refused}"
+        g.wait_role(1, "MASTER", timeout=20)
+        elected = time.monotonic() - t0
+        print(f"\npartition: old master stopped writing after {stepped:.2f} s; slave elected after {elected:.2f} s")
+        assert stepped < elected, "the old master must stop writing before a new master exists"
+        assert g.send(1, 600) in ("SEND_OK", "SLAVE_NOT_AVAILABLE")
+        proxy.heal()
+        g.wait_role(0, "SLAVE", timeout=20)
+        wait_for(lambda: g.health(0).get("leader") == f"127.0.0.1:{g.api[1]}", timeout=20,
+                 what="old master follows the new one")
+        wait_for(lambda: g.send(1, 700) == "SEND_OK", timeout=20, what="SYNC_MASTER acked by the old master")
+        on_new = g.bodies(1)
+        assert all(f"m{i:06d}" in on_new for i in acked), "an acked message was lost"
+        assert "m000500" not in on_new
+        wait_for(lambda: g.bodies(0) == g.bodies(1), timeout=20, what="replicas agree")
+    finally:
+        proxy.close()
+
+
+def test_consumer_offsets_and_topic_config_reach_the_slave(group):
+    g = group
+    _bring_up(g)
+    st, r = http("POST", g.url(0, "/topics"), {"topic": "CfgTopic", "queues": 3})
+    assert st in (200, 201), r
+    assert g.send(0, 1) == "SEND_OK"
+    st, r = http("POST", g.url(0, "/groups/cg1/offsets"), {"topic": TOPIC, "queue_id": 0, "offset": 1})
+    assert st in (200, 204), r
+
+    def on_slave():
+        st1, topics = http("GET", g.url(1, "/topics"))
+        st2, offs = http("GET", g.url(1, f"/groups/cg1/offsets?topic={TOPIC}"))
+        names = {t["topic"]: t for t in topics.get("topics", [])} if st1 == 200 else {}
+        rows = offs.get("offsets", []) if st2 == 200 else []
+        return (names, rows) if "CfgTopic" in names and rows else None
+    names, rows = wait_for(on_slave, timeout=20, what="topic config and offsets on the slave")
+    assert names["CfgTopic"]["read_queue_nums"] == 3, names["CfgTopic"]
+    assert rows == [{"topic": TOPIC, "queue_id": 0, "offset": 1}], rows
+
+
+def _cli(*args: str) -> str:
+    import io
+    from mqstore import cli
+    out = io.StringIO()
+    assert cli.main(list(args), out=out) == 0, args
+    return out.getvalue()
+
+
+def test_admin_verbs_against_running_group(group):
+    g = group
+    _bring_up(g)
+    assert g.send(0, 1) == "SEND_OK"
+    ctl = f"127.0.0.1:{g.ctl_api}"
+    text = _cli("haStatus", "-n", f"127.0.0.1:{g.api[0]}")
+    print("\n" + text)
+    assert f"#MasterAddr\t127.0.0.1:{g.api[0]}\n" in text and "#SlaveNum\t1\n#InSyncSlaveNum\t1\n" in text
+    assert "#SlaveAckOffset" in text and " OK " in text
+    text = _cli("haStatus", "-n", f"127.0.0.1:{g.api[1]}")
+    print(text)
+    assert f"#MasterAddr\t127.0.0.1:{g.api[0]}\n#CommitLogMaxOffset\t" in text
+    text = _cli("getSyncStateSet", "-a", ctl, "-b", "broker-b")
+    print(text)
+    assert "#brokerName\tbroker-b\n" in text and "#SyncStateSetNums\t2\n" in text
+    assert text.count("InSyncReplica:") == 2 and "NotInSyncReplica" not in text
+    text = _cli("electMaster", "-a", ctl, "-b", "broker-b", "-i", "1")
+    print(text)
+    assert f"#BrokerMasterAddr\t127.0.0.1:{g.api[1]}" in text
+    g.wait_role(1, "MASTER", timeout=15)
+    g.wait_role(0, "SLAVE", timeout=15)
+    wait_for(lambda: g.send(1, 2) == "SEND_OK", timeout=15, what="new master acked by its slave")
+    doc = json.loads(_cli("haStatus", "-n", f"127.0.0.1:{g.api[1]}", "--json"))
+    assert doc["master"] and doc["slave_num"] == 1
+    assert "#ControllerLeaderAddress\t" + ctl in _cli("getControllerMetaData", "-a", ctl)

@@ -139,13 +139,17 @@ def test_bulk_index_writer_matches_the_node_index_service(n, slots, max_entries,
     for i in range(n):
         ts += rng.choice((0, 1, 999, 1000, 4321, -5))      # store times may repeat or step back
         flat.extend((rng.randrange(0x7FFFFFFF), 1000 + i * 77, ts))
-    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+    with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b, \
+            tempfile.TemporaryDirectory() as c:
         jobs.build_index(a, [flat.tobytes()], slots, max_entries, None, writer="node")
-        index_build.write_index(b, flat, slots, max_entries)
+        index_build.write_index(b, flat, slots, max_entries, use_numpy=False)
+        index_build.write_index(c, flat, slots, max_entries, use_numpy=True)
         names = sorted(os.listdir(os.path.join(a, "index")))
-        assert names == sorted(os.listdir(os.path.join(b, "index")))
+        assert names == sorted(os.listdir(os.path.join(b, "index"))) == sorted(os.listdir(os.path.join(c, "index")))
         for name in names:
-            assert filecmp.cmp(os.path.join(a, "index", name), os.path.join(b, "index", name), shallow=False)
+            for other in (b, c):
+                assert filecmp.cmp(os.path.join(a, "index", name), os.path.join(other, "index", name),
+                                   shallow=False), (other, name)
 
 
 def test_check_reports_finds_data_after_a_hole():
@@ -281,3 +285,36 @@ def test_stats_per_queue(spark, node_store):
     for k, (n, size) in want.items():
         assert (got[k]["messages"], got[k]["bytes"]) == (n, size)
         assert got[k]["distinct_keys"] == len(keys[k])
+
+
+@pytest.mark.spark
+def test_cli_spark_jobs_report_json_and_clean_errors(spark, node_store, tmp_path, capsys):
+    assert cli.main(["--no-progress", "stats", node_store]) == cli.EXIT_OK
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert sum(r["messages"] for r in rows) == 4000
+    out = str(tmp_path / "pq")
+    assert cli.main(["--no-progress", "export", node_store, out, "--topics", "orders"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["rows"] > 0
+    # Exporting again into the same directory, and reading a directory that is no store,
+    # are errors with one line on stderr, not tracebacks.
+    assert cli.main(["--no-progress", "export", node_store, out]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "already exists" in err and "Traceback" not in err
+    assert cli.main(["--no-progress", "stats", str(tmp_path / "nothing-here")]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "not an mqstore store root" in err and "Traceback" not in err
+    # A task that fails on a damaged segment: the task's own error, one line.
+    bad = str(tmp_path / "bad")
+    import shutil
+    shutil.copytree(node_store, bad)
+    seg = P.list_segments(bad)[1]
+    victim = list(P.parse_commitlog_units(seg.path, seg.base_offset))[3]
+    with open(seg.path, "r+b") as f:
+        f.seek(victim[0] - seg.base_offset + L.MESSAGE_HEADER.size)    # first body byte
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    assert cli.main(["--no-progress", "stats", bad]) == cli.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"corrupt record at offset {victim[0]}" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -1,0 +1,280 @@
+"""Classic master/slave HA with the controller, as real processes on loopback.
+
+Figures (DESIGN section 7), each with its anchor measured in the same run:
+- HTTP produce (1 KiB bodies, batches of 32, 4 keep-alive connections) against a standalone
+  node (the anchor), a SYNC_MASTER with one slave (target >= 80 % of standalone) and an
+  ASYNC_MASTER with one slave (target >= 95 %); msg/s and request p99;
+- slave catch-up: a fresh slave joins a master holding N MiB; MB/s until its committed offset
+  equals the master's (anchor: the disk's sequential write rate, measured here);
+- failover: kill -9 of the SYNC_MASTER -> first write the new master stores, with one
+  controller process (heartbeat timeout 3 s, the default); several kills, the killed broker
+  rejoining as a slave between kills. The first write on the new master answers
+  SLAVE_NOT_AVAILABLE (its only slave is the one just killed): stored and answered; the
+  status is reported with each sample.
+Every node uses flushDiskType=ASYNC_FLUSH so the comparison isolates replication.
+Bounded: quick < 60 s, full < 4 min (time and count limits on every loop).
+
+    python -m bench.bench_ha [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench.bench_store import (MIB, REPO_ROOT, _one_request, figure, free_port, http_produce, load1)
+
+TOPIC = "HaBench"
+QUEUES = 8
+READY_TIMEOUT_S = 30.0
+CTL_HEARTBEAT_TIMEOUT_MS = 3000
+SEGMENT_BYTES = 256 * MIB            # one segment: a fresh slave fetches from offset 0
+
+
+def _req(port: int, method: str, path: str, doc: dict | None = None, timeout: float = 5.0) -> tuple[int, dict]:
+    try:
+        return asyncio.run(asyncio.wait_for(_one_request(port, method, path, doc), timeout))
+    except (OSError, asyncio.TimeoutError, RuntimeError, ValueError):
+        return 0, {}
+
+
+def _wait(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out after {timeout} s: {what}")
+
+
+class Procs:
+    """Processes of one case; all are stopped (SIGTERM, then SIGKILL) at the end."""
+
+    def __init__(self, root: str):
+        self.root = root
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        log = open(os.path.join(self.root, f"{name}.log"), "ab")
+        p = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True)
+        log.close()
+        self.procs[name] = p
+        return p
+
+    def kill9(self, name: str) -> None:
+        p = self.procs[name]
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+    def tail(self, name: str, limit: int = 1200) -> str:
+        try:
+            with open(os.path.join(self.root, f"{name}.log"), "rb") as f:
+                return f.read()[-limit:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+def _broker_conf(path: str, store: str, api: int, ha: int, role: str, extra: list[str]) -> None:
+    with open(path, "w") as f:
+        f.write("\n".join(["brokerClusterName=bench", "brokerName=broker-b", f"brokerRole={role}",
+                           "flushDiskType=ASYNC_FLUSH", f"storePathRootDir={store}",
+                           f"mappedFileSizeCommitLog={SEGMENT_BYTES}", f"listenPort={api}", f"haListenPort={ha}",
+                           "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", "autoCreateTopicEnable=false",
+                           "logLevel=WARNING", *extra, ""]))
+
+
+class Group:
+    """One controller and classic brokers of group broker-b."""
+
+    def __init__(self, root: str, role: str):
+        self.root = root
+        self.role = role
+        self.p = Procs(root)
+        self.ctl_api, self.ctl_raft = free_port(), free_port()
+        self.api: dict[int, int] = {}
+        self.ha: dict[int, int] = {}
+
+    def start_controller(self) -> None:
+        self.p.spawn("ctl", [sys.executable, "-m", "ha", "--port", str(self.ctl_api), "--raft-port",
+                             str(self.ctl_raft), "--data-dir", os.path.join(self.root, "ctl"),
+                             "--heartbeat-timeout-ms", str(CTL_HEARTBEAT_TIMEOUT_MS), "--log-level", "WARNING"])
+        _wait(lambda: _req(self.ctl_api, "GET", "/health")[1].get("role") == "LEADER", READY_TIMEOUT_S,
+              "controller leader")
+
+    def start_broker(self, b: int) -> None:
+        if b not in self.api:
+            self.api[b], self.ha[b] = free_port(), free_port()
+        conf = os.path.join(self.root, f"broker{b}.conf")
+        _broker_conf(conf, os.path.join(self.root, f"store{b}"), self.api[b], self.ha[b], self.role,
+                     [f"brokerId={b}", f"controllerAddr=127.0.0.1:{self.ctl_api}"])
+        self.p.spawn(f"b{b}", [sys.executable, "-m", "node", "--config", conf])
+
+    def health(self, b: int) -> dict:
+        return _req(self.api[b], "GET", "/health", timeout=2.0)[1]
+
+    def wait_role(self, b: int, role: str, timeout: float = READY_TIMEOUT_S) -> None:
+        _wait(lambda: (lambda h: h.get("role") == role and h.get("status") == "UP")(self.health(b)), timeout,
+              f"broker {b} {role}: {self.p.tail(f'b{b}')}")
+
+    def sss(self) -> list[int]:
+        return sorted(_req(self.ctl_api, "GET", "/groups/broker-b/sync-state-set")[1].get("sync_state_set", []))
+
+    def send_one(self, b: int, i: int) -> str:
+        st, r = _req(self.api[b], "POST", f"/topics/{TOPIC}/messages",
+                     {"messages": [{"body": f"f{i}", "queue_id": 0}]}, timeout=6.0)
+        return r["results"][0]["status"] if st == 200 else f"HTTP{st}"
+
+
+def _create_topic(port: int) -> None:
+    st, doc = _req(port, "POST", "/topics", {"topic": TOPIC, "queues": QUEUES})
+    if st not in (200, 201):
+        raise RuntimeError(f"create topic answered {st}: {doc}")
+
+
+def _produce(port: int, secs: float) -> dict:
+    asyncio.run(http_produce(port, TOPIC, "msgpack", 0.3, 5_000))    # warm-up
+    return asyncio.run(http_produce(port, TOPIC, "msgpack", secs, 2_000_000))
+
+
+def standalone_case(root: str, secs: float) -> dict:
+    p = Procs(root)
+    api = free_port()
+    conf = os.path.join(root, "standalone.conf")
+    _broker_conf(conf, os.path.join(root, "store-standalone"), api, free_port(), "ASYNC_MASTER", [])
+    try:
+        p.spawn("standalone", [sys.executable, "-m", "node", "--config", conf])
+        _wait(lambda: _req(api, "GET", "/health")[0] == 200, READY_TIMEOUT_S, "standalone node")
+        _create_topic(api)
+        return _produce(api, secs)
+    finally:
+        p.stop_all()
+
+
+def group_up(root: str, role: str) -> Group:
+    g = Group(root, role)
+    g.start_controller()
+    g.start_broker(0)
+    g.wait_role(0, "MASTER")
+    g.start_broker(1)
+    g.wait_role(1, "SLAVE")
+    _wait(lambda: g.sss() == [0, 1], READY_TIMEOUT_S, "slave in the SyncStateSet")
+    _create_topic(g.api[0])
+    return g
+
+
+def catch_up_case(g: Group, mib: int) -> dict:
+    """Fill the master with `mib` MiB while only it runs, then time a fresh slave's catch-up."""
+    secs_cap = 30.0
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < secs_cap:
+        committed = g.health(0).get("committed_offset", 0)
+        if committed >= mib * MIB:
+            break
+        asyncio.run(http_produce(g.api[0], TOPIC, "msgpack", 1.0, 200_000))
+    target = g.health(0)["committed_offset"]
+    t1 = time.monotonic()
+    g.start_broker(2)
+    _wait(lambda: g.health(2).get("committed_offset", -1) >= target, 120, "fresh slave catches up")
+    elapsed = time.monotonic() - t1
+    return {"bytes": target, "elapsed_s": round(elapsed, 2), "mb_s": target / MIB / elapsed,
+            "note": "includes the slave process start-up (~1 s of it)"}
+
+
+def failover_case(g: Group, kills: int) -> list[dict]:
+    """Kill -9 whoever is master; time until the other broker stores a write; rejoin; repeat."""
+    samples = []
+    master, other = 0, 1
+    for k in range(kills):
+        g.p.kill9(f"b{master}")
+        t0 = time.monotonic()
+        status = _wait(lambda: (lambda s: s if s in ("SEND_OK", "SLAVE_NOT_AVAILABLE") else None)(
+            g.send_one(other, k)), 30, "first write on the new master")
+        samples.append({"seconds": round(time.monotonic() - t0, 3), "status": status, "load1": load1()})
+        g.start_broker(master)            # the old master rejoins as a slave (truncating if it must)
+        g.wait_role(master, "SLAVE")
+        _wait(lambda: g.sss() == [0, 1], READY_TIMEOUT_S, "rejoined slave back in the SyncStateSet")
+        master, other = other, master
+    return samples
+
+
+def run(quick: bool, anchors: dict | None = None) -> dict:
+    t_start = time.monotonic()
+    root = tempfile.mkdtemp(prefix="mqstore-bench-ha-", dir="/tmp")
+    secs = 2.0 if quick else 6.0
+    out: dict = {"bench": "ha", "quick": quick, "load1_start": load1(), "batch_messages": 32, "connections": 4,
+                 "message_body_bytes": 1024, "controllers": 1}
+    figs: dict = {}
+    try:
+        os.makedirs(os.path.join(root, "sa"))
+        base = standalone_case(os.path.join(root, "sa"), secs)
+        out["anchors"] = {"standalone_http_msgs_s": round(base["msgs_s"], 1), "standalone_p99_ms": base["p99_ms"]}
+        disk = (anchors or {}).get("disk") or {}
+        if disk:
+            out["anchors"]["shared_disk"] = disk
+        for role, target in (("SYNC_MASTER", 0.80), ("ASYNC_MASTER", 0.95)):
+            d = os.path.join(root, role.lower())
+            os.makedirs(d)
+            g = group_up(d, role)
+            try:
+                r = _produce(g.api[0], secs)
+                ratio = r["msgs_s"] / base["msgs_s"] if base["msgs_s"] else None
+                figs[f"{role.lower()}_http_msgs_s"] = figure(
+                    r["msgs_s"], "msg/s", None, "standalone_http_msgs_s", base["msgs_s"],
+                    meets=ratio is not None and ratio >= target, target_ratio=target,
+                    **{k: v for k, v in r.items() if k != "msgs_s"})
+                figs[f"{role.lower()}_p99_ms"] = figure(r["p99_ms"], "ms", None, "standalone_p99_ms",
+                                                        base["p99_ms"], meets=None)
+                if role == "SYNC_MASTER":
+                    kills = 2 if quick else 5
+                    samples = failover_case(g, kills)
+                    med = statistics.median(s["seconds"] for s in samples)
+                    figs["failover_master_kill_to_first_write_s"] = figure(
+                        med, "s (median)", None, None, None, meets=med <= 5.0, target_max=5.0,
+                        samples=samples, max_s=max(s["seconds"] for s in samples),
+                        controller_heartbeat_timeout_ms=CTL_HEARTBEAT_TIMEOUT_MS)
+                else:
+                    c = catch_up_case(g, 48 if quick else 192)
+                    figs["slave_catch_up_mb_s"] = figure(c["mb_s"], "MB/s", None, None, None, meets=None,
+                                                         **{k: v for k, v in c.items() if k != "mb_s"})
+            finally:
+                g.p.stop_all()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out["figures"] = figs
+    out["elapsed_s"] = round(time.monotonic() - t_start, 1)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs, fewer kills (< 60 s)")
+    args = ap.parse_args(argv)
+    anchors = json.loads(os.environ.get("MQSTORE_BENCH_ANCHORS", "{}") or "{}")
+    json.dump(run(args.quick, anchors), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Deployment: image, compose cluster, failover drills."""

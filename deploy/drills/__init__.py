@@ -1,0 +1,1 @@
+"""Failover drills against the docker-compose cluster (`mqstore drill`, `make drill`)."""

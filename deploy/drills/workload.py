@@ -1,0 +1,166 @@
+"""A bounded producer workload that records every send, ack and failure (JSONL history),
+and the drain that reads every queue back from every replica.
+
+Each send carries a fresh id (a retry is a new send) in its body and keys, so the checker can
+tell a store duplicate from a client retry. Sends go to the group's current leader; on any
+error the producer asks every replica's /health who leads now.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+import zlib
+
+from deploy.drills.checker import DEFINITE_ERRORS
+from deploy.drills.cluster import GROUPS, LEADER_ROLES, Cluster, http_json
+
+BODY_PAD = 200                 # bytes of filler after the id
+PULL_BATCH = 32                # maxTransferCountOnMessageInMemory
+SEND_TIMEOUT_S = 3.0
+
+
+def body_of(msg_id: str) -> str:
+    return f"{msg_id}|" + "x" * (BODY_PAD - (zlib.crc32(msg_id.encode()) % 64))
+
+
+class History:
+    """Thread-safe, append-only: one JSON object a line, also kept in memory for the checker."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.events: list[dict] = []
+        self._lock = threading.Lock()
+        self._f = open(path, "w")
+
+    def add(self, **ev) -> None:
+        ev.setdefault("t", time.time())
+        with self._lock:
+            self.events.append(ev)
+            self._f.write(json.dumps(ev) + "\n")
+
+    def close(self) -> None:
+        with self._lock:
+            self._f.close()
+
+
+class Workload:
+    def __init__(self, cluster: Cluster, group: str, topic: str, queues: int, history: History,
+                 rate_per_s: float = 40.0, threads: int = 2, max_messages: int = 20_000):
+        self.cluster = cluster
+        self.group = group
+        self.topic = topic
+        self.queues = queues
+        self.history = history
+        self.interval_s = threads / rate_per_s
+        self.threads = threads
+        self.max_messages = max_messages      # bound on the whole run, whatever its duration
+        self._leader: str | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._count = 0
+        self._workers: list[threading.Thread] = []
+        self.acked = 0
+        self.failed = 0
+
+    def start(self) -> None:
+        for i in range(self.threads):
+            t = threading.Thread(target=self._run, args=(i,), name=f"producer-{i}", daemon=True)
+            t.start()
+            self._workers.append(t)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._workers:
+            t.join(SEND_TIMEOUT_S + 2)
+
+    def _next(self) -> int | None:
+        with self._lock:
+            if self._count >= self.max_messages:
+                return None
+            self._count += 1
+            return self._count
+
+    def _find_leader(self) -> str | None:
+        with self._lock:
+            try:
+                self.cluster.refresh()
+            except Exception:  # noqa: BLE001 - docker hiccup; keep the old map
+                pass
+            claims = []
+            for s in GROUPS[self.group]:
+                h = self.cluster.health(s, timeout=0.5)
+                if h and h.get("role") in LEADER_ROLES:
+                    claims.append((int(h.get("term") or 0), s))
+            # a deposed leader may claim leadership for a moment: the highest term wins
+            self._leader = max(claims)[1] if claims else None
+            return self._leader
+
+    def _run(self, worker: int) -> None:
+        seq = 0
+        while not self._stop.is_set():
+            t_next = time.monotonic() + self.interval_s
+            n = self._next()
+            if n is None:
+                return
+            leader = self._leader or self._find_leader()
+            if leader is None:
+                time.sleep(0.1)
+                continue
+            seq += 1
+            self._send_one(leader, f"{uuid.uuid4().hex[:12]}-{worker}-{seq}", seq % self.queues)
+            time.sleep(max(0.0, t_next - time.monotonic()))
+
+    def _send_one(self, leader: str, msg_id: str, queue: int) -> None:
+        api = self.cluster.nodes[leader].api
+        self.history.add(type="send", id=msg_id, queue=queue, node=leader)
+        body = {"messages": [{"body": body_of(msg_id), "keys": msg_id, "queue_id": queue}]}
+        try:
+            st, doc = http_json("POST", f"http://{api}/topics/{self.topic}/messages", body, timeout=SEND_TIMEOUT_S)
+        except ConnectionRefusedError:
+            self._fail(msg_id, "CONNECTION_REFUSED")
+            return
+        except OSError as e:
+            refused = isinstance(getattr(e, "reason", None), ConnectionRefusedError)
+            self._fail(msg_id, "CONNECTION_REFUSED" if refused else f"IO:{type(getattr(e, 'reason', e)).__name__}")
+            return
+        if st == 200 and doc.get("results") and doc["results"][0].get("status") == "SEND_OK":
+            r = doc["results"][0]
+            self.history.add(type="ack", id=msg_id, queue=r["queue_id"], queue_offset=r["queue_offset"],
+                             msg_id=r.get("msg_id"))
+            self.acked += 1
+            return
+        err = doc.get("error") or (doc.get("results") or [{}])[0].get("status") or f"HTTP_{st}"
+        self._fail(msg_id, str(err))
+
+    def _fail(self, msg_id: str, error: str) -> None:
+        self.failed += 1
+        self.history.add(type="fail", id=msg_id, error=error, definite=error in DEFINITE_ERRORS)
+        self._leader = None
+
+
+def drain(cluster: Cluster, service: str, topic: str, queues: int, max_messages: int = 200_000) -> list[dict]:
+    """Every message of `topic` on one replica, as the checker wants them."""
+    api = cluster.nodes[service].api
+    out: list[dict] = []
+    for q in range(queues):
+        offset = 0
+        for _ in range(max_messages // PULL_BATCH + 10):      # bound: each round advances or stops
+            st, doc = http_json("GET", f"http://{api}/topics/{topic}/queues/{q}/messages"
+                                       f"?offset={offset}&max={PULL_BATCH}&wait_ms=0", timeout=10.0)
+            if st != 200:
+                raise RuntimeError(f"{service}: pull {topic}/{q}@{offset} -> {st} {doc}")
+            if doc["status"] == "OFFSET_ILLEGAL" and offset < doc.get("min_offset", 0):
+                offset = doc["min_offset"]
+                continue
+            for m in doc.get("messages", []):
+                body = m.get("body") or ""
+                mid = body.split("|", 1)[0]
+                out.append({"id": mid, "queue": m["queue_id"], "queue_offset": m["queue_offset"],
+                            "commitlog_offset": m.get("commitlog_offset"), "body_ok": body == body_of(mid)})
+            if doc["status"] != "FOUND" or doc["next_offset"] >= doc["max_offset"]:
+                break
+            offset = doc["next_offset"]
+    return out

@@ -1,0 +1,110 @@
+"""Consumer offset stores: on the broker (clustering) or in a local JSON file (broadcasting).
+
+Both keep offsets in memory, updated as messages are consumed, and persist them every
+`auto_commit_interval_s` (5 s), on `commit()`, when a queue moves to another consumer, and
+on close. The local file is `<base_dir>/<client_id>/<group>/offsets.json` (RocketMQ's
+LocalFileOffsetStore layout), written to a temp file and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Any
+
+from mqstore.client.errors import MQClientError
+from mqstore.client.message import MessageQueue
+from mqstore.client.route import RouteTable
+from mqstore.client.transport import Transport
+
+log = logging.getLogger(__name__)
+
+
+class RemoteOffsetStore:
+    def __init__(self, transport: Transport, routes: RouteTable, group: str):
+        self.transport = transport
+        self.routes = routes
+        self.group = group
+        self.table: dict[MessageQueue, int] = {}
+        self._persisted: dict[MessageQueue, int] = {}
+
+    def update(self, mq: MessageQueue, offset: int) -> None:
+        self.table[mq] = offset
+
+    async def read(self, mq: MessageQueue) -> int | None:
+        """The broker's committed offset for the queue, or None if the group has none."""
+        g = self.routes.group(mq.broker_name)
+        doc = await self.transport.call(g, "GET", f"/groups/{self.group}/offsets", params={"topic": mq.topic})
+        for row in doc.get("offsets", []):
+            if int(row["queue_id"]) == mq.queue_id:
+                self._persisted[mq] = int(row["offset"])
+                return int(row["offset"])
+        return None
+
+    async def persist(self, queues: Any = None) -> int:
+        """Commit changed offsets to the broker; returns how many were written."""
+        n = 0
+        for mq in list(self.table if queues is None else queues):
+            off = self.table.get(mq)
+            if off is None or self._persisted.get(mq) == off:
+                continue
+            g = self.routes.group(mq.broker_name)
+            await self.transport.call(g, "POST", f"/groups/{self.group}/offsets",
+                                      {"topic": mq.topic, "queue_id": mq.queue_id, "offset": off})
+            self._persisted[mq] = off
+            n += 1
+        return n
+
+    def remove(self, mq: MessageQueue) -> None:
+        self.table.pop(mq, None)
+        self._persisted.pop(mq, None)
+
+
+class LocalFileOffsetStore:
+    def __init__(self, base_dir: str, client_id: str, group: str):
+        safe = client_id.replace(os.sep, "_")
+        self.path = os.path.join(base_dir, safe, group, "offsets.json")
+        self.table: dict[MessageQueue, int] = {}
+        self._loaded = self._load()
+
+    def _load(self) -> dict[MessageQueue, int]:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                doc = json.load(f)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            raise MQClientError(f"offset file {self.path} is unreadable: {e}") from None
+        out = {}
+        for row in doc.get("offsets", []):
+            out[MessageQueue(row["topic"], row["broker_name"], int(row["queue_id"]))] = int(row["offset"])
+        return out
+
+    def update(self, mq: MessageQueue, offset: int) -> None:
+        self.table[mq] = offset
+
+    async def read(self, mq: MessageQueue) -> int | None:
+        return self.table.get(mq, self._loaded.get(mq))
+
+    async def persist(self, queues: Any = None) -> int:
+        merged = {**self._loaded, **self.table}
+        doc = {"offsets": [{"topic": q.topic, "broker_name": q.broker_name, "queue_id": q.queue_id, "offset": o}
+                           for q, o in sorted(merged.items())]}
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix=".offsets.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except OSError:
+            os.unlink(tmp)
+            raise
+        self._loaded = merged
+        return len(doc["offsets"])
+
+    def remove(self, mq: MessageQueue) -> None:
+        pass   # broadcasting keeps every queue's offset

@@ -1,0 +1,135 @@
+"""HTTP + msgpack to broker groups, following NOT_LEADER hints (asyncio, aiohttp).
+
+A broker group is the set of node API addresses that serve the same queues (one node for
+standalone, three or five for a DLedger group, master and slaves for classic HA). Requests
+go to the node believed to lead; a `{"error": "NOT_LEADER", "leader": "host:port"}` answer
+moves the guess to the hint, an unreachable node moves it to the next address, and both
+retry within the call's deadline. Every loop is bounded by that deadline and a hop count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import msgpack
+
+from mqstore.client.errors import MQBrokerError, MQConfigError, MQConnectError
+
+log = logging.getLogger(__name__)
+
+MSGPACK = "application/x-msgpack"
+MAX_HOPS = 32                   # bound on redirects + address changes within one call
+ELECTION_BACKOFF_S = 0.1        # pause when a group has no known leader (election running)
+
+
+@dataclass(slots=True)
+class BrokerGroup:
+    name: str
+    addrs: list[str]
+    leader: str | None = None
+    _next: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.addrs:
+            raise MQConfigError(f"broker group {self.name!r} has no addresses")
+        for a in self.addrs:
+            host, _, port = a.rpartition(":")
+            if not host or not port.isdigit():
+                raise MQConfigError(f"broker address {a!r} must be host:port")
+
+    def target(self) -> str:
+        return self.leader or self.addrs[self._next % len(self.addrs)]
+
+    def failed(self, addr: str) -> None:
+        if self.leader == addr:
+            self.leader = None
+        self._next = (self.addrs.index(addr) + 1) if addr in self.addrs else self._next + 1
+
+    def redirect(self, hint: str) -> None:
+        if hint not in self.addrs:
+            self.addrs.append(hint)    # a node we were not told about (e.g. a controller route)
+        self.leader = hint
+
+
+class Transport:
+    def __init__(self, request_timeout_s: float = 5.0):
+        if request_timeout_s <= 0:
+            raise MQConfigError("request_timeout_s must be > 0")
+        self.request_timeout_s = request_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def call(self, group: BrokerGroup, method: str, path: str, doc: Any = None,
+                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> dict[str, Any]:
+        """One request to the group's leader; retries NOT_LEADER and unreachable nodes until the deadline."""
+        assert self._session is not None, "transport not started"
+        budget = self.request_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + budget
+        data = msgpack.packb(doc, use_bin_type=True) if doc is not None else None
+        headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
+        query = {k: str(v) for k, v in (params or {}).items() if v is not None}
+        last: Exception | None = None
+        refused = 0                 # consecutive nodes that could not be reached
+        for _hop in range(MAX_HOPS):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            addr = group.target()
+            try:
+                async with self._session.request(method, f"http://{addr}{path}", data=data, params=query,
+                                                 headers=headers,
+                                                 timeout=aiohttp.ClientTimeout(total=left)) as resp:
+                    raw = await resp.read()
+                    status = resp.status
+                    ctype = resp.content_type
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                last = e
+                group.failed(addr)
+                refused += 1
+                if refused >= len(group.addrs):
+                    break           # every node of the group is unreachable: fail fast, let the caller retry
+                await asyncio.sleep(min(ELECTION_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+                continue
+            refused = 0
+            body = _decode(raw, ctype)
+            if status < 400:
+                group.leader = addr
+                return body
+            err = MQBrokerError(str(body.get("error", "HTTP_ERROR")), str(body.get("message", raw[:200])),
+                                bool(body.get("retriable", False)), body.get("leader"), status, addr)
+            if err.code != "NOT_LEADER":
+                raise err
+            last = err
+            if err.leader and err.leader != addr:
+                group.redirect(err.leader)
+                continue
+            group.failed(addr)     # no leader known yet: an election is running
+            await asyncio.sleep(min(ELECTION_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+        if isinstance(last, MQBrokerError):
+            raise MQConnectError(f"no leader of broker group {group.name!r} answered within {budget:.1f}s: {last}")
+        raise MQConnectError(f"broker group {group.name!r} ({', '.join(group.addrs)}) unreachable: {last!r}")
+
+
+def _decode(raw: bytes, ctype: str) -> dict[str, Any]:
+    try:
+        if ctype == MSGPACK:
+            doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        else:
+            import json
+            doc = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        return {"error": "BAD_RESPONSE", "message": raw[:200].decode("utf-8", "replace")}
+    return doc if isinstance(doc, dict) else {"error": "BAD_RESPONSE", "message": repr(doc)[:200]}

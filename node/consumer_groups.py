@@ -1,0 +1,142 @@
+"""Consumer groups on the broker: member heartbeats (for rebalancing) and send-back (retry, DLQ).
+
+Members: each consumer of a clustering group heartbeats `{client_id, topics, ttl_ms}`; the
+broker answers with the live members per topic, and clients allocate queues among the sorted
+members themselves (AllocateMessageQueueAveragely), as RocketMQ clients do. Membership is
+soft state on the node that accepts writes: after a failover clients heartbeat to the new
+leader and the table refills within one heartbeat interval.
+
+Send-back (RocketMQ's SendMessageProcessor.consumerSendMsgBack): a message whose
+consumption failed is re-stored with reconsume_times + 1 — into `%RETRY%<group>` through
+the delay level 3 + reconsume_times (or the level the client asks for), or, once
+reconsume_times passes max_reconsume_times (16) or the client asks for level -1, into
+`%DLQ%<group>`. The message keeps its UNIQ_KEY (msg_id), and RETRY_TOPIC names the topic
+it was first sent to.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from node.schedule import clamp_level, to_schedule
+from node.store import message as M
+from node.store.message import MessageDraft
+
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+MAX_RECONSUME_TIMES_DEFAULT = 16
+MAX_RECONSUME_TIMES_LIMIT = 64
+MAX_GROUPS = 10_000
+MAX_MEMBERS_PER_GROUP = 1_000
+MAX_TOPICS_PER_MEMBER = 64
+MAX_CLIENT_ID_CHARS = 256
+TTL_MS_DEFAULT = 30_000
+TTL_MS_RANGE = (1_000, 300_000)
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+@dataclass(slots=True)
+class Member:
+    client_id: str
+    topics: frozenset[str]
+    expires_at: float           # monotonic seconds
+
+
+class ConsumerGroups:
+    """Live members per group, expiring when their heartbeats stop. Bounded in groups and members."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.groups: dict[str, dict[str, Member]] = {}
+
+    def _expire(self, group: str) -> dict[str, Member]:
+        now = self.clock()
+        members = self.groups.get(group, {})
+        for cid in [c for c, m in members.items() if m.expires_at <= now]:
+            del members[cid]
+        if not members:
+            self.groups.pop(group, None)
+        return members
+
+    def heartbeat(self, group: str, client_id: Any, topics: Any, ttl_ms: Any) -> dict[str, list[str]]:
+        from node.broker import BadRequest, check_int, check_user_topic
+        if not isinstance(client_id, str) or not client_id or len(client_id) > MAX_CLIENT_ID_CHARS:
+            raise BadRequest(f"client_id must be a string of 1..{MAX_CLIENT_ID_CHARS} chars")
+        if not isinstance(topics, list) or len(topics) > MAX_TOPICS_PER_MEMBER:
+            raise BadRequest(f"topics must be a list of at most {MAX_TOPICS_PER_MEMBER} topic names")
+        names = frozenset(check_user_topic(t) for t in topics)
+        ttl = check_int("ttl_ms", TTL_MS_DEFAULT if ttl_ms is None else ttl_ms, *TTL_MS_RANGE)
+        members = self._expire(group)
+        if group not in self.groups and len(self.groups) >= MAX_GROUPS:
+            raise BadRequest(f"too many consumer groups (limit {MAX_GROUPS})")
+        if client_id not in members and len(members) >= MAX_MEMBERS_PER_GROUP:
+            raise BadRequest(f"group {group!r} has {MAX_MEMBERS_PER_GROUP} members; the limit is reached")
+        members[client_id] = Member(client_id, names, self.clock() + ttl / 1000.0)
+        self.groups[group] = members
+        return {t: self.members_of(group, t) for t in sorted(names)}
+
+    def members_of(self, group: str, topic: str) -> list[str]:
+        members = self._expire(group)
+        return sorted(c for c, m in members.items() if topic in m.topics)
+
+    def unregister(self, group: str, client_id: str) -> bool:
+        members = self._expire(group)
+        found = members.pop(client_id, None) is not None
+        if not members:
+            self.groups.pop(group, None)
+        return found
+
+    def describe(self, group: str) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [{"client_id": m.client_id, "topics": sorted(m.topics),
+                 "expires_in_ms": int((m.expires_at - now) * 1000)}
+                for m in sorted(self._expire(group).values(), key=lambda m: m.client_id)]
+
+
+async def send_back(broker: Any, levels: int, group: Any, offset_msg_id: Any, delay_level: Any = 0,
+                    max_reconsume_times: Any = None) -> dict[str, Any]:
+    """Re-store a message whose consumption failed: to %RETRY%<group> with a delay, or to %DLQ%<group>."""
+    from node.broker import check_group, check_int
+    group = check_group(group)
+    level = check_int("delay_level", 0 if delay_level is None else delay_level, -1, 1 << 16)
+    max_rc = check_int("max_reconsume_times",
+                       MAX_RECONSUME_TIMES_DEFAULT if max_reconsume_times is None else max_reconsume_times,
+                       0, MAX_RECONSUME_TIMES_LIMIT)
+    msg = broker.query_by_id(offset_msg_id)
+    reconsume = msg.reconsume_times + 1
+    props = {k: v for k, v in msg.properties.items()
+             if k not in (M.PROPERTY_DELAY_TIME_LEVEL, M.PROPERTY_REAL_TOPIC, M.PROPERTY_REAL_QUEUE_ID)}
+    if not msg.topic.startswith(RETRY_PREFIX):
+        props[M.PROPERTY_RETRY_TOPIC] = msg.topic
+    props.setdefault(M.PROPERTY_ORIGIN_MESSAGE_ID, msg.msg_id)
+    props.setdefault(M.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, msg.msg_id)
+    if reconsume > max_rc or level < 0:
+        target = dlq_topic(group)
+        await _ensure_topic(broker, target)
+        topic, qid, level = target, 0, 0
+    else:
+        target = retry_topic(group)
+        await _ensure_topic(broker, target)
+        level = clamp_level(level if level > 0 else 3 + msg.reconsume_times, levels)
+        topic, qid, props = to_schedule(target, 0, props, level)
+    draft = MessageDraft(topic=topic, queue_id=qid, body=msg.body, properties=props, flag=msg.flag,
+                         born_timestamp=msg.born_timestamp, reconsume_times=reconsume
+                         ).seal(broker.config.max_message_size)
+    (r,) = await broker.log.append([draft])
+    return {"status": r.status.value, "topic": target, "reconsume_times": reconsume, "delay_level": level,
+            "msg_id": msg.msg_id}
+
+
+async def _ensure_topic(broker: Any, topic: str) -> None:
+    """Retry and DLQ topics have one queue (RocketMQ's retryQueueNums / DLQ defaults)."""
+    if topic not in broker.topics:
+        await broker.create_topic(topic, 1)

@@ -1,0 +1,146 @@
+"""Pure parts of the client and of the broker's group table, without processes.
+
+Goal: queue allocation matches RocketMQ's AllocateMessageQueueAveragely, UNIQ_KEY ids have
+RocketMQ's shape and do not repeat, latency fault tolerance isolates and recovers on its
+clock, bad settings fail with an error naming them, and member heartbeats expire.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from mqstore import (LatencyFaultTolerance, Message, MessageQueue, MQConfigError, allocate_averagely)
+from mqstore.client.message import UNIQ_IDS
+from mqstore.client.producer import AsyncProducer, sharding_selector
+from mqstore.client.route import parse_brokers
+from node.consumer_groups import ConsumerGroups
+
+
+def qs(n: int, topic: str = "T") -> list[MessageQueue]:
+    return [MessageQueue(topic, "b", i) for i in range(n)]
+
+
+@pytest.mark.parametrize("n_queues,members,expected", [
+    (8, ["a", "b", "c"], [[0, 1, 2], [3, 4, 5], [6, 7]]),
+    (4, ["a", "b"], [[0, 1], [2, 3]]),
+    (2, ["a", "b", "c"], [[0], [1], []]),
+    (5, ["c", "a", "b"], [[0, 1], [2, 3], [4]]),      # members are sorted first
+])
+def test_allocate_averagely_matches_rocketmq(n_queues, members, expected):
+    got = [[q.queue_id for q in allocate_averagely(qs(n_queues), members, m)] for m in sorted(members)]
+    assert got == expected
+    flat = [q for part in got for q in part]
+    assert sorted(flat) == list(range(n_queues)) and len(flat) == len(set(flat))
+
+
+def test_allocate_for_a_non_member_is_empty():
+    assert allocate_averagely(qs(4), ["a"], "z") == []
+
+
+def test_uniq_ids_are_32_hex_and_unique():
+    ids = [UNIQ_IDS.next() for _ in range(5000)]
+    assert len(set(ids)) == len(ids)
+    assert all(len(i) == 32 and int(i, 16) >= 0 and i == i.upper() for i in ids)
+    assert len({i[:20] for i in ids}) == 1       # ip + pid + client hash prefix is fixed
+
+
+def test_latency_fault_tolerance_isolates_then_recovers():
+    now = [0.0]
+    f = LatencyFaultTolerance(clock_ms=lambda: now[0])
+    f.update("a", 20)
+    assert f.is_available("a")
+    f.update("a", 600)                 # >= 550 ms -> 30 s away
+    assert not f.is_available("a")
+    now[0] = 30_001
+    assert f.is_available("a")
+    f.update("b", 0, isolation=True)   # a failure counts as 30 s of latency -> 600 s away
+    now[0] += 599_000
+    assert not f.is_available("b")
+    now[0] += 2_000
+    assert f.is_available("b")
+
+
+def test_select_queue_skips_isolated_and_last_failed_group():
+    p = AsyncProducer(brokers={"a": "127.0.0.1:1", "b": "127.0.0.1:2"}, send_latency_fault_enable=True)
+    queues = [MessageQueue("T", g, i) for g in ("a", "b") for i in range(2)]
+    p.fault.update("b", 0, isolation=True)
+    assert {p.select_queue(queues, None).broker_name for _ in range(20)} == {"a"}
+    assert {p.select_queue(queues, "a").broker_name for _ in range(20)} == {"b"}   # retry elsewhere
+    p2 = AsyncProducer(brokers="127.0.0.1:1")
+    assert [p2.select_queue(qs(3), None).queue_id for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_sharding_key_is_stable():
+    queues = qs(8)
+    m = Message("T", b"x")
+    assert len({sharding_selector(queues, m, "order-42") for _ in range(10)}) == 1
+
+
+@pytest.mark.parametrize("kwargs,word", [
+    ({"topic": "T", "body": b""}, "body"),
+    ({"topic": "", "body": b"x"}, "topic"),
+    ({"topic": "T", "body": b"x", "delay_level": -1}, "delay_level"),
+])
+def test_bad_messages_are_refused(kwargs, word):
+    with pytest.raises(MQConfigError, match=word):
+        Message(**kwargs)
+
+
+def test_bad_client_settings_name_the_setting():
+    with pytest.raises(MQConfigError, match="brokers"):
+        parse_brokers(42)
+    with pytest.raises(MQConfigError, match="host:port"):
+        parse_brokers(["nohostport"])
+    with pytest.raises(MQConfigError, match="exactly one"):
+        AsyncProducer()
+    with pytest.raises(MQConfigError, match="retry_times_when_send_failed"):
+        AsyncProducer(brokers="127.0.0.1:1", retry_times_when_send_failed=99)
+    from mqstore import AsyncConsumer
+    with pytest.raises(MQConfigError, match="pull_batch_size"):
+        AsyncConsumer("g", brokers="127.0.0.1:1", topics="T", pull_batch_size=0)
+
+
+def test_group_members_expire_and_leave():
+    now = [100.0]
+    g = ConsumerGroups(clock=lambda: now[0])
+    assert g.heartbeat("G", "c1", ["T"], 2000) == {"T": ["c1"]}
+    assert g.heartbeat("G", "c2", ["T", "U"], 5000) == {"T": ["c1", "c2"], "U": ["c2"]}
+    now[0] += 3.0                                   # c1's 2 s ttl passed
+    assert g.members_of("G", "T") == ["c2"]
+    assert g.unregister("G", "c2") and g.members_of("G", "T") == []
+    assert "G" not in g.groups
+
+
+def test_group_heartbeat_rejects_bad_input():
+    from node.broker import BadRequest
+    g = ConsumerGroups()
+    with pytest.raises(BadRequest, match="client_id"):
+        g.heartbeat("G", "", ["T"], None)
+    with pytest.raises(BadRequest, match="topics"):
+        g.heartbeat("G", "c", "T", None)
+    with pytest.raises(BadRequest, match="ttl_ms"):
+        g.heartbeat("G", "c", ["T"], 10)
+    with pytest.raises(BadRequest, match="reserved"):
+        g.heartbeat("G", "c", ["RMQ_SYS_TRANS_HALF_TOPIC"], None)
+
+
+def test_openapi_documents_the_client_routes():
+    from node.client_api import CLIENT_ROUTES
+    from node.openapi import openapi_document
+    paths = openapi_document()["paths"]
+    for method, path, _ in CLIENT_ROUTES:
+        assert method.lower() in paths.get(path, {}), (method, path)
+
+
+def test_regression_dispatcher_uses_the_configured_delay_levels(tmp_path):
+    """Bug: build_broker built the Dispatcher with the default delay table, so schedule-queue
+    units carried delivery times of 1s 5s 10s... whatever messageDelayLevel said."""
+    from node.config import from_properties
+    from node.server import build_broker
+    config, _unknown = from_properties({"storePathRootDir": str(tmp_path / "store"), "messageDelayLevel": "3s 1m",
+                                        "mappedFileSizeCommitLog": "1048576", "maxMessageSize": "65536",
+                                        "maxRequestBytes": "1048576", "maxHashSlotNum": "1000",
+                                        "maxIndexNum": "4000"})
+    broker = build_broker(config)
+    assert broker.dispatcher.delay_levels_ms == (3000, 60000)
+    assert broker.services.schedule.levels_ms == (3000, 60000)

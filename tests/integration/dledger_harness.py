@@ -1,0 +1,573 @@
+"""Real DLedger node processes on loopback, a recorded workload, and offline checks.
+
+- `DLedgerCluster`: 3 `python -m node --config broker.conf` processes, configs as
+  `mqstore.cluster.plan` writes them, on free ports, with every Raft link (one per ordered
+  pair: a node only sends on its own outbound connection) passing through a
+  `deploy.faultproxy` link named "n0>n1", so partitions can be set per direction.
+- `Workload`: client threads sending unique single-message requests, following the
+  NOT_LEADER hint, recording every attempt as acked / failed / unknown:
+    acked    200 + SEND_OK: the message must be committed at the acked (queue, offset)
+    failed   the node said so before anything was proposed (NOT_LEADER without "unknown",
+             connection refused): the message must never become visible
+    unknown  timeout, reset after the request left, FLUSH_SLAVE_TIMEOUT, or an error that
+             says the outcome is unknown: it may appear, at most once
+  A retry after any outcome is a new message with a new body, so "exactly once" is checkable.
+- `verify_stores`: after the processes are stopped, reads each replica's files:
+  audit (pipeline.jobs.audit) plus raw byte equality of entries up to the lowest committed
+  index, every acked message exactly once at its acked place, no failed message, queue
+  offsets dense and unique, and consume queues equal to pipeline.jobs.rebuild of the log.
+Every wait has a deadline; every loop a bound.
+
+DLEDGER_NODE_WRAPPER=/path/script.py runs each node as `python script.py --config ...` instead
+of `python -m node` (e.g. a script that dumps asyncio tasks on a signal, to debug a hang); a node
+that ignores SIGTERM then gets SIGUSR1 before the test fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from deploy.faultproxy import ProxyHub
+from mqstore.cluster import plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GROUP = "broker-a"
+SEGMENT_BYTES = 256 * 1024          # small data segments: rolls and blanks happen during the run
+CQ_UNITS_PER_FILE = 300             # small consume-queue files, as the rebuild must be told
+SMALL_FILES = ("maxMessageSize=65536", f"mappedFileSizeCommitLog={SEGMENT_BYTES}",
+               f"mapedFileSizeConsumeQueue={CQ_UNITS_PER_FILE * 20}", "maxHashSlotNum=1000", "maxIndexNum=4000",
+               "bindAddress=127.0.0.1", "syncFlushTimeout=3000")
+
+
+def free_ports(n: int) -> list[int]:
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def http(addr: str, method: str, path: str, doc=None, timeout: float = 3.0):
+    """(status, document); raises OSError / urllib.error.URLError on transport failures."""
+    data = json.dumps(doc).encode() if doc is not None else None
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        body = e.read()
+        try:
+            return e.code, json.loads(body)
+        except ValueError:
+            return e.code, {"error": "HTTP_ERROR", "message": body[:200].decode("utf-8", "replace")}
+
+
+def try_http(addr: str, path: str, timeout: float = 1.0) -> dict | None:
+    try:
+        status, doc = http(addr, "GET", path, timeout=timeout)
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    return doc if status == 200 else None
+
+
+# --- processes -----------------------------------------------------------------------------------
+@dataclass
+class NodeProc:
+    node_id: str
+    api_port: int
+    raft_port: int
+    conf: str
+    store_dir: str
+    log_path: str
+    proc: subprocess.Popen | None = None
+    stopped: bool = False            # SIGSTOPped
+
+    @property
+    def api(self) -> str:
+        return f"127.0.0.1:{self.api_port}"
+
+    def start(self) -> None:
+        assert self.proc is None or self.proc.poll() is not None, f"{self.node_id} is running"
+        with open(self.log_path, "ab") as log:
+            entry = ([os.environ["DLEDGER_NODE_WRAPPER"]] if os.environ.get("DLEDGER_NODE_WRAPPER")
+                     else ["-m", "node"])
+            self.proc = subprocess.Popen([sys.executable, *entry, "--config", self.conf], cwd=ROOT,
+                                         stdout=log, stderr=log)
+        self.stopped = False
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self) -> None:
+        if self.running:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        assert self.proc is not None
+        if self.stopped:
+            self.cont()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            if os.environ.get("DLEDGER_NODE_WRAPPER"):
+                self.proc.send_signal(signal.SIGUSR1)
+                time.sleep(1)
+            raise
+
+    def sigstop(self) -> None:
+        assert self.running
+        self.proc.send_signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.stopped = False
+
+    def tail(self, n: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read()[-n:].decode("utf-8", "replace")
+        except FileNotFoundError:
+            return ""
+
+
+class DLedgerCluster:
+    """Three DLedger nodes whose Raft links all pass through a fault proxy."""
+
+    def __init__(self, root: str, ids: tuple[str, ...] = ("n0", "n1", "n2"), extra_conf: tuple[str, ...] = ()):
+        self.root = root
+        self.ids = ids
+        self.hub = ProxyHub()
+        ports = free_ports(2 * len(ids))
+        api = dict(zip(ids, ports[:len(ids)]))
+        raft = dict(zip(ids, ports[len(ids):]))
+        # mqstore.cluster.plan writes the configs `mqstore cluster up` uses; ports are ours.
+        specs = plan(root, "dledger", len(ids), 10911)
+        self.links: dict[tuple[str, str], int] = {}
+        for src in ids:
+            for dst in ids:
+                if src != dst:
+                    self.links[(src, dst)] = self.hub.add(f"{src}>{dst}", ("127.0.0.1", raft[dst]))
+        self.nodes: dict[str, NodeProc] = {}
+        for s in specs:
+            assert s.node_id in ids
+            peers = ";".join(f"{d}-127.0.0.1:{raft[d] if d == s.node_id else self.links[(s.node_id, d)]}"
+                             for d in ids)
+            apis = ";".join(f"{d}-127.0.0.1:{api[d]}" for d in ids)
+            _rewrite_conf(s.config_path, {"listenPort": str(api[s.node_id]), "dLegerPeers": peers,
+                                          "dLegerPeerApis": apis}, SMALL_FILES + tuple(extra_conf))
+            self.nodes[s.node_id] = NodeProc(s.node_id, api[s.node_id], raft[s.node_id], s.config_path,
+                                             s.store_dir, s.log_path)
+
+    @property
+    def apis(self) -> list[str]:
+        return [n.api for n in self.nodes.values()]
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        for n in self.nodes.values():
+            n.start()
+        self.wait_healthy(list(self.nodes), timeout_s)
+
+    def wait_healthy(self, ids: list[str], timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for i in ids:
+            n = self.nodes[i]
+            while try_http(n.api, "/health") is None:
+                if not n.running:
+                    raise AssertionError(f"{i} exited with {n.proc.returncode}:\n{n.tail()}")
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{i} not healthy in {timeout_s} s:\n{n.tail()}")
+                time.sleep(0.05)
+
+    def leader(self, timeout_s: float = 15.0, exclude: tuple[str, ...] = ()) -> str:
+        """The node id of a writable leader (waits for one)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for i, n in self.nodes.items():
+                if i in exclude or not n.running or n.stopped:
+                    continue
+                doc = try_http(n.api, "/cluster", 0.5)
+                if doc and doc.get("role") == "LEADER" and doc.get("log", {}).get("writable"):
+                    return i
+            time.sleep(0.05)
+        raise AssertionError("no writable leader in time:\n" + self.describe())
+
+    def describe(self) -> str:
+        out = []
+        for i, n in self.nodes.items():
+            doc = try_http(n.api, "/cluster", 0.5) if n.running and not n.stopped else None
+            st = (doc or {}).get("log", {})
+            out.append(f"{i}: running={n.running} stopped={n.stopped} role={st.get('role')} term={st.get('term')} "
+                       f"commit={st.get('commit_index')} last={st.get('last_index')} leader={st.get('leader')}")
+        return "\n".join(out)
+
+    def wait_converged(self, timeout_s: float = 20.0) -> int:
+        """All nodes up, one leader, the same commit and last index everywhere and nothing pending."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            docs = [try_http(n.api, "/cluster", 0.5) for n in self.nodes.values()]
+            if all(docs):
+                logs = [d["log"] for d in docs]
+                commits = {lg.get("commit_index") for lg in logs}
+                lasts = {lg.get("last_index") for lg in logs}
+                applied = {lg.get("applied_index") for lg in logs}
+                leaders = [lg for lg in logs if lg.get("role") == "LEADER"]
+                if len(commits) == 1 and commits == lasts == applied and len(leaders) == 1 \
+                        and not any(lg.get("pending_appends") for lg in logs) \
+                        and not any(d.get("dispatch_behind_bytes") for d in docs):
+                    return commits.pop()
+            time.sleep(0.1)
+        raise AssertionError("replicas did not converge:\n" + self.describe())
+
+    # --- faults ---------------------------------------------------------------------------
+    def isolate(self, node_id: str, mode: str = "blackhole", way: str = "both") -> None:
+        """Cut node_id's Raft links: "out" (what it sends), "in" (what it receives) or "both"."""
+        if way not in ("in", "out", "both"):
+            raise ValueError(f"way must be in, out or both, got {way!r}")
+        if way in ("out", "both"):
+            self.hub.set(f"{node_id}>*", "both", mode)
+        if way in ("in", "both"):
+            self.hub.set(f"*>{node_id}", "both", mode)
+
+    def heal(self) -> None:
+        self.hub.heal("*")
+
+    def stop_all(self, sig: str = "TERM") -> dict[str, int]:
+        codes = {}
+        for i, n in self.nodes.items():
+            if n.proc is None:
+                continue
+            if sig == "KILL":
+                if n.stopped:
+                    n.cont()
+                n.kill9()
+                codes[i] = n.proc.returncode
+            elif n.proc.poll() is None:
+                codes[i] = n.terminate()
+        return codes
+
+    def close(self) -> None:
+        for n in self.nodes.values():
+            if n.proc is not None and n.proc.poll() is None:
+                if n.stopped:
+                    n.cont()
+                n.kill9()
+        self.hub.close()
+
+
+def _rewrite_conf(path: str, replace: dict[str, str], extra: tuple[str, ...]) -> None:
+    with open(path) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    seen = set()
+    out = []
+    for ln in lines:
+        key = ln.split("=", 1)[0]
+        if key in replace:
+            out.append(f"{key}={replace[key]}")
+            seen.add(key)
+        else:
+            out.append(ln)
+    missing = set(replace) - seen
+    assert not missing, f"plan() no longer writes {missing}"
+    out.extend(extra)
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+# --- workload ------------------------------------------------------------------------------------
+ACKED, FAILED, UNKNOWN = "acked", "failed", "unknown"
+
+
+@dataclass
+class Attempt:
+    body: str
+    queue_id: int
+    node: str
+    start: float
+    end: float = 0.0
+    outcome: str = UNKNOWN
+    queue_offset: int | None = None
+    commitlog_offset: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class Workload:
+    """Client threads sending unique messages until stopped (bounded by max_attempts and max_s)."""
+
+    cluster: DLedgerCluster
+    topic: str = "Chaos"
+    queues: int = 4
+    threads: int = 3
+    request_timeout_s: float = 2.0
+    max_attempts: int = 20_000
+    max_s: float = 120.0
+    attempts: list[Attempt] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _workers: list[threading.Thread] = field(default_factory=list)
+
+    def create_topic(self) -> None:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            leader = self.cluster.nodes[self.cluster.leader()]
+            status, doc = http(leader.api, "POST", "/topics", {"topic": self.topic, "queues": self.queues})
+            if status == 200:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"could not create {self.topic}: {doc}")
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        for t in range(self.threads):
+            w = threading.Thread(target=self._run, args=(t,), name=f"workload-{t}", daemon=True)
+            self._workers.append(w)
+            w.start()
+
+    def halt(self) -> None:
+        """Ask the threads to stop; do not wait (teardown after a failure)."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for w in self._workers:
+            w.join(self.request_timeout_s + 5)
+            assert not w.is_alive(), "a workload thread did not stop"
+
+    def _run(self, t: int) -> None:
+        apis = self.cluster.apis
+        by_api = {n.api: i for i, n in self.cluster.nodes.items()}
+        current = t % len(apis)
+        seq = 0
+        while not self._stop.is_set() and time.monotonic() - self._t0 < self.max_s:
+            with self._lock:
+                if len(self.attempts) >= self.max_attempts:
+                    return
+            qid = seq % self.queues
+            a = Attempt(f"w{t}-{seq}", qid, by_api[apis[current]], time.monotonic())
+            seq += 1
+            hint = self._send(apis[current], a)
+            a.end = time.monotonic()
+            with self._lock:
+                self.attempts.append(a)
+            if a.outcome == ACKED:
+                continue
+            if hint in apis and hint != apis[current]:
+                current = apis.index(hint)
+            else:
+                current = (current + 1) % len(apis)
+                time.sleep(0.02)   # nobody knows the leader yet: do not spin
+
+    def _send(self, api: str, a: Attempt) -> str | None:
+        """Send one message; classify the attempt; return the leader hint, if any."""
+        msg = {"messages": [{"body": a.body, "queue_id": a.queue_id, "keys": a.body}]}
+        try:
+            status, doc = http(api, "POST", f"/topics/{self.topic}/messages", msg, self.request_timeout_s)
+        except urllib.error.URLError as e:
+            refused = isinstance(e.reason, ConnectionRefusedError)
+            a.outcome, a.detail = (FAILED if refused else UNKNOWN), f"url error: {e.reason}"
+            return None
+        except (ConnectionRefusedError,) as e:
+            a.outcome, a.detail = FAILED, f"refused: {e}"
+            return None
+        except (OSError, ValueError) as e:      # timeout, reset, broken pipe, half-read reply
+            a.outcome, a.detail = UNKNOWN, f"transport: {type(e).__name__}: {e}"
+            return None
+        if status == 200:
+            r = doc["results"][0]
+            if r["status"] == "SEND_OK":
+                a.outcome, a.queue_offset = ACKED, r["queue_offset"]
+                a.commitlog_offset = int(r["offset_msg_id"][16:], 16)
+                assert r["queue_id"] == a.queue_id, (r, a)
+            else:
+                a.outcome, a.detail = UNKNOWN, r["status"]
+            return None
+        err, message = doc.get("error"), str(doc.get("message", ""))
+        a.detail = f"{status} {err}: {message[:160]}"
+        if err == "NOT_LEADER" and "unknown" not in message:
+            a.outcome = FAILED
+        else:
+            a.outcome = UNKNOWN
+        return doc.get("leader")
+
+    # --- views ------------------------------------------------------------------------------
+    def snapshot(self) -> list[Attempt]:
+        with self._lock:
+            return list(self.attempts)
+
+    def wait_acks(self, n: int, after: float = 0.0, timeout_s: float = 20.0) -> None:
+        """Wait until n attempts that started at or after `after` are acked."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if sum(1 for a in self.snapshot() if a.outcome == ACKED and a.start >= after) >= n:
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"fewer than {n} acks after t={after:.2f} in {timeout_s} s:\n"
+                             + self.cluster.describe() + "\n" + self.summary())
+
+    def failover_s(self, fault_at: float) -> float | None:
+        """Fault -> first ack of a request sent at or after the fault."""
+        acks = [a.end for a in self.snapshot() if a.outcome == ACKED and a.start >= fault_at]
+        return (min(acks) - fault_at) if acks else None
+
+    def summary(self) -> str:
+        c = collections.Counter(a.outcome for a in self.snapshot())
+        details = collections.Counter(a.detail.split(":")[0] for a in self.snapshot() if a.outcome != ACKED)
+        return f"outcomes {dict(c)}; non-acks by kind {dict(details.most_common(6))}"
+
+
+# --- offline checks -----------------------------------------------------------------------------
+@dataclass
+class ReplicaView:
+    store_dir: str
+    committed_index: int
+    entries: dict            # index -> (term, pos, size)
+    messages: list           # (index, topic, queue_id, queue_offset, commitlog_offset, body) committed, NORMAL
+
+
+def read_replica(store_dir: str) -> ReplicaView:
+    from pipeline import parsers as P
+    from pipeline.source import committed_bound
+    ci = committed_bound(store_dir, P.KIND_DLEDGER, None)
+    assert ci is not None, f"{store_dir}: no committed index recorded"
+    F, M = P.ENTRY_FIELD, P.MESSAGE_FIELD
+    entries, messages = {}, []
+    for seg in P.list_segments(store_dir):
+        report = P.ParseReport()
+        for e in P.parse_dledger_segment(seg.path, seg.base_offset, report=report):
+            idx = e[F["index"]]
+            entries[idx] = (e[F["term"]], e[F["pos"]], e[F["size"]])
+            msg = e[-1]
+            if msg is not None and idx <= ci:
+                messages.append((idx, msg[M["topic"]], msg[M["queue_id"]], msg[M["queue_offset"]],
+                                 msg[M["commitlog_offset"]], bytes(msg[M["body"]]).decode("utf-8", "replace")))
+        assert report.end_reason != P.END_CORRUPT or report.last_index is None or report.last_index >= ci, \
+            f"{seg.path}: corrupt inside the committed prefix: {report.__dict__}"
+    return ReplicaView(store_dir, ci, entries, messages)
+
+
+def _entry_bytes(store_dir: str, pos: int, size: int) -> bytes:
+    from pipeline import parsers as P
+    segs = P.list_segments(store_dir)
+    seg = max((s for s in segs if s.base_offset <= pos), key=lambda s: s.base_offset)
+    with open(seg.path, "rb") as f:
+        f.seek(pos - seg.base_offset)
+        return f.read(size)
+
+
+def verify_stores(cluster: DLedgerCluster, attempts: list[Attempt], topic: str) -> dict:
+    """All the after-healing checks over stopped replicas; returns figures for the report."""
+    from pipeline.jobs import audit
+    dirs = [n.store_dir for n in cluster.nodes.values()]
+    result = audit(dirs)
+    assert not result.committed_divergence and result.ok, f"audit: {result.as_dict()}"
+    views = [read_replica(d) for d in dirs]
+    low = min(v.committed_index for v in views)
+    # 1. committed prefixes are byte-identical (header, chain CRC and body: the raw entry bytes)
+    for idx in range(1, low + 1):
+        ref = views[0].entries.get(idx)
+        assert ref is not None, f"{dirs[0]} lacks committed entry {idx}"
+        for v in views[1:]:
+            assert v.entries.get(idx) == ref, f"entry {idx}: {v.entries.get(idx)} vs {ref}"
+    for idx in _sample(low):
+        raw = [_entry_bytes(v.store_dir, *v.entries[idx][1:]) for v in views]
+        assert len(set(raw)) == 1, f"entry {idx} differs in bytes between replicas"
+    # 2. messages: acked exactly once at the acked place, failed never, unknown at most once
+    by_body = {a.body: a for a in attempts}
+    for v in views:
+        seen: dict[str, list[tuple]] = collections.defaultdict(list)
+        per_queue: dict[int, list[int]] = collections.defaultdict(list)
+        for idx, t, qid, qoff, phys, body in v.messages:
+            if t != topic or idx > low:
+                continue
+            seen[body].append((qid, qoff, phys))
+            per_queue[qid].append(qoff)
+        dups = {b: p for b, p in seen.items() if len(p) > 1}
+        assert not dups, f"{v.store_dir}: messages stored more than once: {list(dups.items())[:5]}"
+        stray = [b for b in seen if b not in by_body]
+        assert not stray, f"{v.store_dir}: messages nobody sent: {stray[:5]}"
+        for qid, offs in per_queue.items():
+            assert sorted(offs) == list(range(len(offs))), f"{v.store_dir}: queue {qid} offsets not dense/unique"
+        for a in attempts:
+            got = seen.get(a.body)
+            if a.outcome == ACKED:
+                assert got == [(a.queue_id, a.queue_offset, a.commitlog_offset)], \
+                    f"{v.store_dir}: acked {a} stored as {got}"
+            elif a.outcome == FAILED:
+                assert got is None, f"{v.store_dir}: failed send {a} is visible at {got}"
+    # 3. consume queues equal a rebuild from the committed log (the pipeline's rebuild)
+    for v in views:
+        compare_consume_queues(v.store_dir, v.committed_index)
+    acked = [a for a in attempts if a.outcome == ACKED]
+    assert all(a.queue_offset is not None for a in acked)
+    visible = {m[5] for m in views[0].messages if m[1] == topic}
+    return {"committed_index": low, "acked": len(acked),
+            "failed": sum(1 for a in attempts if a.outcome == FAILED),
+            "unknown": sum(1 for a in attempts if a.outcome == UNKNOWN),
+            "unknown_visible": sum(1 for a in attempts if a.outcome == UNKNOWN and a.body in visible)}
+
+
+def _sample(n: int) -> list[int]:
+    """Every index for small logs; otherwise a spread (the chain CRC already covers each entry)."""
+    if n <= 4000:
+        return list(range(1, n + 1))
+    step = n // 4000 + 1
+    return sorted(set(range(1, n + 1, step)) | {n})
+
+
+def compare_consume_queues(store_dir: str, committed_index: int) -> None:
+    import tempfile
+
+    from node.store.consume_queue import count_valid_units
+    from pipeline.jobs import rebuild
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(store_dir)) as target:
+        rebuild(store_dir, target, committed_index=committed_index, units_per_file=CQ_UNITS_PER_FILE,
+                index_hash_slots=1000, index_max_entries=4000)
+        mine = _queue_units(os.path.join(store_dir, "consumequeue"), count_valid_units)
+        built = _queue_units(os.path.join(target, "consumequeue"), count_valid_units)
+    assert set(mine) == set(built), f"{store_dir}: queues {sorted(mine)} vs rebuilt {sorted(built)}"
+    for q in mine:
+        assert len(mine[q]) == len(built[q]), \
+            f"{store_dir}: {q} has {len(mine[q]) // 20} units, rebuild {len(built[q]) // 20}"
+        assert mine[q] == built[q], f"{store_dir}: {q} differs from the rebuild"
+
+
+def _queue_units(cq_root: str, count_valid_units) -> dict[str, bytes]:
+    out = {}
+    if not os.path.isdir(cq_root):
+        return out
+    for topic in sorted(os.listdir(cq_root)):
+        for qid in sorted(os.listdir(os.path.join(cq_root, topic))):
+            d = os.path.join(cq_root, topic, qid)
+            data = bytearray()
+            for name in sorted(os.listdir(d)):
+                with open(os.path.join(d, name), "rb") as f:
+                    raw = f.read()
+                n = count_valid_units(raw)
+                data += raw[:n * 20]
+                if n * 20 < len(raw):
+                    break
+            if data:
+                out[f"{topic}/{qid}"] = bytes(data)
+    return out

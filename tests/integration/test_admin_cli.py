@@ -1,0 +1,83 @@
+"""The admin verbs against a real node process, end to end through the REST endpoints they use.
+
+Method: a standalone node on a free port; run `mqstore.cli.main` in-process against it
+and check the node's state changed as the verb says (topic gone and still gone after a
+restart, offsets moved to the first message stored at or after a time, progress rows).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+
+from mqstore import cli
+from tests.integration.test_node_process import NodeProcess, free_port, http, wait_dispatched, write_conf
+
+
+@pytest.fixture
+def node(tmp_path):
+    port = free_port()
+    n = NodeProcess(write_conf(tmp_path, port), port, str(tmp_path / "node.log"))
+    n.start()
+    yield n
+    n.kill9()
+
+
+def run(port: int, *argv: str) -> dict:
+    out = io.StringIO()
+    assert cli.main([*argv, "-n", f"127.0.0.1:{port}", "--json"], out=out) == 0
+    return json.loads(out.getvalue())
+
+
+def test_reset_offset_by_time_moves_to_the_first_message_at_or_after_it(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Timed", "queues": 2})[0] == 200
+    assert http(p, "POST", "/topics/Timed/messages", {"messages": [{"body": f"a{i}", "queue_id": 0}
+                                                                   for i in range(5)]})[0] == 200
+    time.sleep(0.05)
+    cut = int(time.time() * 1000)
+    time.sleep(0.05)
+    assert http(p, "POST", "/topics/Timed/messages", {"messages": [{"body": f"b{i}", "queue_id": 0}
+                                                                   for i in range(3)]})[0] == 200
+    wait_dispatched(p, "Timed", 0, 8)
+    doc = run(p, "resetOffsetByTime", "-g", "G", "-t", "Timed", "-s", str(cut))
+    assert doc["queues"] == [{"queue_id": 0, "offset": 5}, {"queue_id": 1, "offset": 0}]
+    assert http(p, "GET", "/groups/G/offsets?topic=Timed")[1]["offsets"] == [
+        {"topic": "Timed", "queue_id": 0, "offset": 5}, {"topic": "Timed", "queue_id": 1, "offset": 0}]
+    assert run(p, "resetOffsetByTime", "-g", "G", "-t", "Timed", "-s", "0")["queues"][0]["offset"] == 0
+    assert run(p, "resetOffsetByTime", "-g", "G", "-t", "Timed", "-s", "now")["queues"][0]["offset"] == 8
+
+    prog = run(p, "consumerProgress", "-g", "G")
+    assert prog["diff_total"] == 0 and prog["queues"][0]["broker_offset"] == 8
+    assert run(p, "consumerProgress")["groups"][0]["group"] == "G"
+    status, err = http(p, "POST", "/groups/G/offsets/reset?topic=Timed", {})
+    assert status == 400 and "timestamp" in err["message"]
+
+
+def test_delete_topic_stays_deleted_after_restart(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Doomed", "queues": 1})[0] == 200
+    assert http(p, "POST", "/topics", {"topic": "Kept", "queues": 1})[0] == 200
+    assert run(p, "deleteTopic", "-t", "Doomed")["deleted"]["topic"] == "Doomed"
+    assert [t["topic"] for t in run(p, "topicList")["topics"]] == ["Kept"]
+    status, err = http(p, "POST", "/topics/Doomed/messages", {"messages": [{"body": "x"}]})
+    assert status == 404 and err["error"] == "TOPIC_NOT_EXIST"
+    assert http(p, "DELETE", "/topics/Doomed")[0] == 404
+    assert node.terminate() == 0
+    node.start()
+    assert [t["topic"] for t in run(p, "topicList")["topics"]] == ["Kept"]
+
+
+def test_cluster_list_route_and_config_of_a_standalone_node(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Routed", "queues": 3})[0] == 200
+    nodes = run(p, "clusterList")
+    assert [(n["node_id"], n["reachable"], n["cluster"]["role"]) for n in nodes["nodes"]] == [
+        ("broker-a-0", True, "STANDALONE")]
+    route = run(p, "topicRoute", "-t", "Routed")
+    assert route["queueDatas"][0]["writeQueueNums"] == 3
+    assert route["brokerDatas"][0]["brokerAddrs"] == {"0": f"127.0.0.1:{p}"}
+    assert run(p, "getBrokerConfig")["config"]["listenPort"] == str(p)

@@ -1,0 +1,142 @@
+"""Golden output of the admin verbs: mqadmin's columns, byte for byte.
+
+Method: `mqstore.cli.call` is replaced by a table of canned API answers (the shapes
+node/api.py returns), the clock's zone is pinned to UTC, and each verb's stdout is
+compared with tests/golden/<case>.txt. Run with MQSTORE_UPDATE_GOLDEN=1 to rewrite
+the files after an intended change, then review the diff.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+
+import pytest
+
+from mqstore import cli
+
+GOLDEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "golden")
+EP = "127.0.0.1:20911"
+T0 = 1_790_000_000_000          # 2026-09-21 14:13:20 UTC
+
+NODES = {"cluster": "DefaultCluster", "group": "broker-a", "self": "n1", "nodes": [
+    {"node_id": "n0", "api": "127.0.0.1:20901", "reachable": False, "cluster": None},
+    {"node_id": "n1", "api": "127.0.0.1:20911", "reachable": True, "cluster": {
+        "role": "FOLLOWER", "in_tps": 0.0, "out_tps": 12.5, "log": {"term": 3, "commit_index": 41}}},
+    {"node_id": "n2", "api": "127.0.0.1:20921", "reachable": True, "cluster": {
+        "role": "LEADER", "in_tps": 1234.5, "out_tps": 99.25, "log": {"term": 3, "commit_index": 41,
+                                                                     "disk_usage_ratio": 0.4321}}}]}
+TOPIC = {"topic": "TopicTest", "read_queue_nums": 2, "write_queue_nums": 2, "perm": 6, "queues": [
+    {"queue_id": 0, "min_offset": 0, "max_offset": 120, "last_updated": T0 + 5},
+    {"queue_id": 1, "min_offset": 10, "max_offset": 10, "last_updated": 0}]}
+PROGRESS = {"group": "please_rename_unique_group_name", "broker_name": "broker-a", "consume_tps": 3.5,
+            "diff_total": 27, "queues": [
+                {"topic": "TopicTest", "queue_id": 0, "broker_offset": 120, "consumer_offset": 93, "diff": 27,
+                 "last_timestamp": T0},
+                {"topic": "TopicTest", "queue_id": 1, "broker_offset": 10, "consumer_offset": 10, "diff": 0,
+                 "last_timestamp": 0}]}
+MESSAGE = {"msg_id": "7F00000100004E1F0000000000001A2B", "offset_msg_id": "7F00000100004E1F0000000000001A2B",
+           "topic": "TopicTest", "queue_id": 0, "queue_offset": 17, "commitlog_offset": 6699, "tags": "TagA",
+           "keys": ["order-1", "user-9"], "properties": {"KEYS": "order-1 user-9", "TAGS": "TagA"},
+           "born_timestamp": T0 - 1500, "store_timestamp": T0, "born_host": "127.0.0.1:50000",
+           "store_host": "127.0.0.1:20911", "reconsume_times": 0, "body_crc": 1, "body": "hello"}
+ANSWERS = {
+    ("GET", "/cluster/nodes"): NODES,
+    ("GET", "/cluster"): {"cluster": "DefaultCluster", "group": "broker-a", "role": "LEADER"},
+    ("GET", "/health"): {"status": "UP", "mode": "dledger", "role": "LEADER", "group": "broker-a",
+                         "node_id": "n2", "term": 3, "leader": "127.0.0.1:20921", "committed_offset": 9000},
+    ("GET", "/topics"): {"topics": [{"topic": "TopicTest", "read_queue_nums": 2, "write_queue_nums": 2, "perm": 6},
+                                    {"topic": "Orders", "read_queue_nums": 8, "write_queue_nums": 8, "perm": 6}]},
+    ("GET", "/topics/TopicTest"): TOPIC,
+    ("POST", "/topics"): {"topic": "TopicTest", "read_queue_nums": 4, "write_queue_nums": 4, "perm": 6},
+    ("DELETE", "/topics/TopicTest"): {"deleted": {"topic": "TopicTest", "read_queue_nums": 2,
+                                                  "write_queue_nums": 2, "perm": 6}},
+    ("GET", "/groups"): {"groups": ["please_rename_unique_group_name"]},
+    ("GET", "/groups/please_rename_unique_group_name/progress"): PROGRESS,
+    ("POST", f"/groups/please_rename_unique_group_name/offsets/reset?topic=TopicTest&timestamp={T0}"): {
+        "group": "please_rename_unique_group_name", "topic": "TopicTest", "timestamp": T0,
+        "broker_name": "broker-a", "queues": [{"queue_id": 0, "offset": 93}, {"queue_id": 1, "offset": 10}]},
+    ("GET", "/config"): {"broker_name": "broker-a", "api": EP, "config": {
+        "brokerClusterName": "DefaultCluster", "brokerName": "broker-a", "listenPort": "20911",
+        "flushDiskType": "ASYNC_FLUSH", "enableDLegerCommitLog": "true"}},
+    ("GET", "/messages/7F00000100004E1F0000000000001A2B"): MESSAGE,
+    ("GET", "/topics/TopicTest/queues/0/messages/17"): MESSAGE,
+    ("GET", "/topics/TopicTest/messages?key=order-1&max=32"): {"messages": [MESSAGE]},
+}
+
+CASES = {
+    "clusterList": ["clusterList"],
+    "topicList": ["topicList"],
+    "topicStatus": ["topicStatus", "-t", "TopicTest"],
+    "topicRoute": ["topicRoute", "-t", "TopicTest"],
+    "updateTopic": ["updateTopic", "-t", "TopicTest", "-r", "4", "-w", "4"],
+    "deleteTopic": ["deleteTopic", "-t", "TopicTest"],
+    "consumerProgress_all": ["consumerProgress"],
+    "consumerProgress_group": ["consumerProgress", "-g", "please_rename_unique_group_name"],
+    "resetOffsetByTime": ["resetOffsetByTime", "-g", "please_rename_unique_group_name", "-t", "TopicTest",
+                          "-s", str(T0)],
+    "getBrokerConfig": ["getBrokerConfig"],
+    "queryMsgById": ["queryMsgById", "-i", "7F00000100004E1F0000000000001A2B"],
+    "queryMsgByOffset": ["queryMsgByOffset", "-t", "TopicTest", "-q", "0", "-o", "17"],
+    "queryMsgByKey": ["queryMsgByKey", "-t", "TopicTest", "-k", "order-1"],
+    "consumerProgress_group.json": ["consumerProgress", "-g", "please_rename_unique_group_name", "--json"],
+}
+
+
+@pytest.fixture
+def canned(monkeypatch, tmp_path):
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    calls = []
+
+    def fake_call(endpoint, method, path, doc=None):
+        assert endpoint == EP
+        calls.append((method, path, doc))
+        if (method, path) not in ANSWERS:
+            raise AssertionError(f"unexpected request {method} {path}")
+        return json.loads(json.dumps(ANSWERS[(method, path)]))
+
+    monkeypatch.setattr(cli, "call", fake_call)
+    yield calls
+    monkeypatch.delenv("TZ")
+    time.tzset()
+
+
+def run(argv: list[str], tmp_path) -> str:
+    out = io.StringIO()
+    assert cli.main([*argv, "-n", EP], out=out) == 0
+    return out.getvalue().replace(str(tmp_path), "<tmp>")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden(case, canned, tmp_path):
+    text = run(CASES[case], tmp_path)
+    path = os.path.join(GOLDEN, case + ("" if case.endswith(".json") else ".txt"))
+    if os.environ.get("MQSTORE_UPDATE_GOLDEN") == "1":
+        with open(path, "w") as f:
+            f.write(text)
+    with open(path) as f:
+        assert text == f.read(), f"{case}: output differs from {path}"
+
+
+def test_reset_offset_by_time_accepts_mqadmin_date_form(canned, tmp_path):
+    # yyyy-MM-dd#HH:mm:ss:SSS in local time (UTC here) is the same instant as T0 in ms.
+    text = run(["resetOffsetByTime", "-g", "please_rename_unique_group_name", "-t", "TopicTest",
+                "-s", "2026-09-21#14:13:20:000"], tmp_path)
+    assert f"timestamp(long)[{T0}]" in text
+
+
+def test_reset_offset_by_time_rejects_a_bad_timestamp(canned, tmp_path, capsys):
+    assert cli.main(["resetOffsetByTime", "-n", EP, "-g", "g", "-t", "T", "-s", "yesterday"]) == 1
+    assert "is not `now`, milliseconds or yyyy-MM-dd#HH:mm:ss:SSS" in capsys.readouterr().err
+    assert canned == []      # nothing was sent
+
+
+def test_cluster_list_puts_the_leader_at_bid_0_and_marks_unreachable(canned, tmp_path):
+    lines = run(["clusterList"], tmp_path).splitlines()
+    assert lines[1].split()[2:4] == ["0", "127.0.0.1:20921"]
+    down = [ln for ln in lines if "UNREACHABLE" in ln]
+    assert len(down) == 1 and "127.0.0.1:20901" in down[0]

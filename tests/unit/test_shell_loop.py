@@ -1,0 +1,139 @@
+"""The Raft shell never wedges silently: a failure inside a round stops the node loudly.
+
+Regression: an exception other than StoreError raised while a Ready was outstanding ended
+the Raft task without a trace; every later propose then failed the core's "call advance()
+first" assertion, an HTTP 500 per send while the node still looked healthy.
+Method: a one-node group on a free loopback port whose listener raises in on_ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+
+import pytest
+
+from dledger.core import RaftConfig
+from dledger.entry_store import EntryStore
+from dledger.shell import RaftNode, ShellConfig
+from node.store.errors import StoreFatal
+from node.store.fileio import FileSystem
+
+
+class Exploding:
+    def __init__(self):
+        self.armed = False
+        self.fatal: BaseException | None = None
+
+    def on_recovered(self, node):
+        pass
+
+    def on_truncated(self, from_index):
+        pass
+
+    def on_ready(self, ready):
+        if self.armed:
+            raise RuntimeError("listener bug")
+
+    def on_fatal(self, error):
+        self.fatal = error
+
+
+def _port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_a_failing_round_stops_the_node_instead_of_wedging_it(tmp_path):
+    async def scenario():
+        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", _port())}, store, RaftConfig(),
+                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        listener = node.listener = Exploding()
+        await node.start()
+        try:
+            for _ in range(300):
+                if node.core.role.name == "LEADER":
+                    break
+                await asyncio.sleep(0.01)
+            assert node.core.role.name == "LEADER"
+            listener.armed = True
+            node.propose([b"x"])
+            for _ in range(300):
+                if node.fatal is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert isinstance(node.fatal, RuntimeError)
+            assert listener.fatal is node.fatal
+            with pytest.raises(StoreFatal):
+                node.propose([b"y"])
+        finally:
+            await node.stop()
+
+    asyncio.run(scenario())
+
+
+class GatedFile:
+    """An OsFile whose fsync of data files waits for the test to open the gate."""
+
+    def __init__(self, inner, gate):
+        self._inner, self._gate = inner, gate
+
+    def fsync(self):
+        assert self._gate.wait(10), "the test never opened the fsync gate"
+        self._inner.fsync()
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class GatedFileSystem(FileSystem):
+    def __init__(self):
+        import threading
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def open(self, path):
+        handle = super().open(path)
+        return GatedFile(handle, self.gate) if "/data/" in path else handle
+
+
+def test_sync_flush_commits_only_after_the_group_fsync_lands(tmp_path):
+    """SYNC_FLUSH with the fsync on a worker thread: a proposed entry is written at once but
+    counts toward the commit only when the flusher's fsync returns."""
+    async def scenario():
+        fs = GatedFileSystem()
+        store = EntryStore(fs, str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", _port())}, store, RaftConfig(),
+                        ShellConfig(tick_ms=10, flush_disk_type="SYNC_FLUSH"), rng=random.Random(1))
+        await node.start()
+        try:
+            for _ in range(300):
+                if node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index:
+                    break
+                await asyncio.sleep(0.01)
+            assert node.core.role.name == "LEADER"
+            fs.gate.clear()
+            _first, last = node.propose([b"a", b"b", b"c"])
+            await asyncio.sleep(0.3)
+            assert store.last_index() == last, "written at once"
+            assert node.core.commit_index < last, "committed before its fsync returned"
+            assert node.core.durable_index < last
+            fs.gate.set()
+            for _ in range(300):
+                if node.core.commit_index >= last:
+                    break
+                await asyncio.sleep(0.01)
+            assert node.core.commit_index >= last
+            assert store.flushed_index >= last
+            assert node.metrics["fsyncs"] >= 1
+        finally:
+            fs.gate.set()
+            await node.stop()
+
+    asyncio.run(scenario())
+
