@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from mqstore.localcluster import free_ports
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # A RocketMQ commitlog record of a 1 KiB body with a short topic and no properties: 1024 bytes
@@ -70,21 +72,6 @@ def _percentile_ms(sorted_s: Sequence[float], q: float) -> float | None:
         return None
     rank = min(len(sorted_s) - 1, max(0, int(round(q * len(sorted_s))) - 1))
     return round(sorted_s[rank] * 1000.0, 3)
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports. All sockets are held open together so the kernel hands
-    out different ports; there is a small race until the servers bind them, acceptable here."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def _start(argv: list[str], log_path: Path, **kwargs: Any) -> subprocess.Popen:
@@ -429,7 +416,7 @@ def nats_anchor(replicas: int = 3, mode: str = "async", seconds: float = 5.0,
     work = Path(tempfile.mkdtemp(prefix="mqbench-nats-", dir=dir))
     procs: list[subprocess.Popen] = []
     try:
-        ports = _free_ports(2 * replicas)
+        ports = free_ports(2 * replicas)
         client_ports, cluster_ports = ports[:replicas], ports[replicas:]
         configs = nats_cluster_configs(work, client_ports, cluster_ports)
         for (name, text), port in zip(configs, client_ports):
@@ -573,7 +560,7 @@ def pysyncobj_anchor(seconds: float = 5.0, max_ops: int = 200_000,
     work = Path(tempfile.mkdtemp(prefix="mqbench-pysyncobj-"))
     procs: list[subprocess.Popen] = []
     try:
-        addrs = [f"127.0.0.1:{p}" for p in _free_ports(3)]
+        addrs = [f"127.0.0.1:{p}" for p in free_ports(3)]
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
         queues: list[queue.Queue] = []
         for i, addr in enumerate(addrs):

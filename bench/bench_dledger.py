@@ -31,21 +31,18 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import msgpack
 
 from bench.bench_store import figure
+from mqstore import localcluster as lc
+from mqstore.localcluster import free_ports
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BODY_BYTES = 1024
 TOPIC = "BenchTopic"
 QUEUES = 8
@@ -62,14 +59,10 @@ REQUEST_TIMEOUT_S = 10.0
 CASES = ("async_batched", "per_message_256", "one_at_a_time", "sync_flush_64", "failover")
 
 
-@dataclass
-class Node:
-    node_id: str
-    api_port: int
-    raft_port: int
-    config: Path
-    log: Path
-    proc: subprocess.Popen | None = None
+class Node(lc.NodeProc):
+    def __init__(self, node_id: str, api_port: int, raft_port: int, config: Path, log: Path):
+        super().__init__(str(config), api_port, str(log), node_id)
+        self.node_id, self.api_port, self.raft_port, self.config, self.log = node_id, api_port, raft_port, config, log
 
     @property
     def url(self) -> str:
@@ -110,18 +103,6 @@ class CpuMeter:
         return out
 
 
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
-
-
 class Cluster:
     """Three node processes of one DLedger group; `stop()` ends exactly the ones started here."""
 
@@ -130,23 +111,16 @@ class Cluster:
         ports = free_ports(6)
         self.nodes = [Node(f"n{i}", ports[i], ports[3 + i], work / f"n{i}" / "broker.conf",
                            work / f"n{i}" / "node.log") for i in range(3)]
-        peers = ";".join(f"{n.node_id}-127.0.0.1:{n.raft_port}" for n in self.nodes)
-        apis = ";".join(f"{n.node_id}-127.0.0.1:{n.api_port}" for n in self.nodes)
+        raft = {n.node_id: n.raft_port for n in self.nodes}
+        api = {n.node_id: n.api_port for n in self.nodes}
         for n in self.nodes:
-            n.config.parent.mkdir(parents=True, exist_ok=True)
-            n.config.write_text("\n".join([
-                "brokerClusterName=BenchCluster", "brokerName=bench-a", "brokerId=0",
-                "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"listenPort={n.api_port}",
-                f"storePathRootDir={n.config.parent / 'store'}", f"flushDiskType={flush}",
+            lc.write_conf(str(n.config), lc.node_lines(n.api_port, str(n.config.parent / "store"), [
+                "brokerClusterName=BenchCluster", "brokerName=bench-a", "brokerId=0", f"flushDiskType={flush}",
                 "mappedFileSizeCommitLog=268435456", "autoCreateTopicEnable=true", "logLevel=WARNING",
-                "enableDLegerCommitLog=true", "dLegerGroup=bench-a", f"dLegerPeers={peers}",
-                f"dLegerPeerApis={apis}", f"dLegerSelfId={n.node_id}"]) + "\n")
+                *lc.dledger_lines(n.node_id, "bench-a", raft, api)]))
 
     def start_node(self, n: Node) -> None:
-        assert n.proc is None or n.proc.poll() is not None
-        with open(n.log, "ab") as out:
-            n.proc = subprocess.Popen([sys.executable, "-m", "node", "--config", str(n.config)],
-                                      cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+        n.launch()
 
     def start(self) -> None:
         for n in self.nodes:
@@ -154,30 +128,20 @@ class Cluster:
 
     def kill9(self, n: Node) -> None:
         assert n.proc is not None
-        n.proc.send_signal(signal.SIGKILL)
-        n.proc.wait(10)
+        n.kill9()
 
     def stop(self) -> None:
         for n in self.nodes:
-            if n.proc is not None and n.proc.poll() is None:
-                n.proc.terminate()
+            if n.running:
+                n.proc.terminate()      # all at once, then wait: a group stops in one bound
         for n in self.nodes:
-            if n.proc is None:
-                continue
-            try:
-                n.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                n.proc.kill()
-                n.proc.wait(5)
+            n.stop(10)
 
     def alive(self) -> list[Node]:
-        return [n for n in self.nodes if n.proc is not None and n.proc.poll() is None]
+        return [n for n in self.nodes if n.running]
 
     def tail(self, n: Node, chars: int = 800) -> str:
-        try:
-            return n.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return n.tail(chars)
 
 
 # --- client ---------------------------------------------------------------------------------------

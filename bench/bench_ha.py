@@ -24,14 +24,13 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from bench.bench_store import (MIB, REPO_ROOT, _one_request, figure, free_port, http_produce, load1)
+from bench.bench_store import (MIB, _one_request, figure, free_port, http_produce, load1)
+from mqstore import localcluster as lc
 
 TOPIC = "HaBench"
 QUEUES = 8
@@ -48,13 +47,10 @@ def _req(port: int, method: str, path: str, doc: dict | None = None, timeout: fl
 
 
 def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout} s: {what}")
+    try:
+        return lc.wait_for(pred, timeout, what, interval=0.05)
+    except lc.ClusterError as e:
+        raise RuntimeError(str(e)) from None
 
 
 class Procs:
@@ -62,37 +58,22 @@ class Procs:
 
     def __init__(self, root: str):
         self.root = root
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, lc.Proc] = {}
 
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
-        log = open(os.path.join(self.root, f"{name}.log"), "ab")
-        p = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=log, start_new_session=True)
-        log.close()
+    def spawn(self, name: str, argv: list[str]) -> lc.Proc:
+        p = lc.Proc(argv, os.path.join(self.root, f"{name}.log"), name, new_session=True).start()
         self.procs[name] = p
         return p
 
     def kill9(self, name: str) -> None:
-        p = self.procs[name]
-        p.send_signal(signal.SIGKILL)
-        p.wait(10)
+        self.procs[name].kill9()
 
     def stop_all(self) -> None:
         for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+            p.stop(15)
 
     def tail(self, name: str, limit: int = 1200) -> str:
-        try:
-            with open(os.path.join(self.root, f"{name}.log"), "rb") as f:
-                return f.read()[-limit:].decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return self.procs[name].tail(limit) if name in self.procs else ""
 
 
 def _broker_conf(path: str, store: str, api: int, ha: int, role: str, extra: list[str]) -> None:
@@ -116,9 +97,8 @@ class Group:
         self.ha: dict[int, int] = {}
 
     def start_controller(self) -> None:
-        self.p.spawn("ctl", [sys.executable, "-m", "ha", "--port", str(self.ctl_api), "--raft-port",
-                             str(self.ctl_raft), "--data-dir", os.path.join(self.root, "ctl"),
-                             "--heartbeat-timeout-ms", str(CTL_HEARTBEAT_TIMEOUT_MS), "--log-level", "WARNING"])
+        self.p.spawn("ctl", lc.controller_argv(self.ctl_api, self.ctl_raft, os.path.join(self.root, "ctl"),
+                                               heartbeat_timeout_ms=CTL_HEARTBEAT_TIMEOUT_MS) + ["--log-level", "WARNING"])
         _wait(lambda: _req(self.ctl_api, "GET", "/health")[1].get("role") == "LEADER", READY_TIMEOUT_S,
               "controller leader")
 
@@ -128,7 +108,7 @@ class Group:
         conf = os.path.join(self.root, f"broker{b}.conf")
         _broker_conf(conf, os.path.join(self.root, f"store{b}"), self.api[b], self.ha[b], self.role,
                      [f"brokerId={b}", f"controllerAddr=127.0.0.1:{self.ctl_api}"])
-        self.p.spawn(f"b{b}", [sys.executable, "-m", "node", "--config", conf])
+        self.p.spawn(f"b{b}", lc.node_argv(conf))
 
     def health(self, b: int) -> dict:
         return _req(self.api[b], "GET", "/health", timeout=2.0)[1]
@@ -163,7 +143,7 @@ def standalone_case(root: str, secs: float) -> dict:
     conf = os.path.join(root, "standalone.conf")
     _broker_conf(conf, os.path.join(root, "store-standalone"), api, free_port(), "ASYNC_MASTER", [])
     try:
-        p.spawn("standalone", [sys.executable, "-m", "node", "--config", conf])
+        p.spawn("standalone", lc.node_argv(conf))
         _wait(lambda: _req(api, "GET", "/health")[0] == 200, READY_TIMEOUT_S, "standalone node")
         _create_topic(api)
         return _produce(api, secs)

@@ -36,9 +36,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +43,8 @@ from pathlib import Path
 
 import msgpack
 
+from mqstore import localcluster as lc
+from mqstore.localcluster import free_port
 from node.local_log import ASYNC_FLUSH, SYNC_FLUSH, LocalLog, LocalLogConfig
 from node.store.commitlog import CommitLog
 from node.store.fileio import FileSystem
@@ -196,60 +195,28 @@ async def _local_log_run(root: str, flush: str, appenders: int, batch: int, seco
 
 
 # --- HTTP against a real node process ----------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class NodeProcess:
+class NodeProcess(lc.NodeProc):
     """One standalone `python -m node` on a free loopback port with its own store."""
 
     def __init__(self, root: str, name: str, flush: str):
         self.dir = os.path.join(root, name)
-        os.makedirs(self.dir, exist_ok=True)
-        self.port = free_port()
-        self.conf = os.path.join(self.dir, "broker.conf")
-        with open(self.conf, "w") as f:
-            f.write(f"listenPort={self.port}\nbindAddress=127.0.0.1\nbrokerIP1=127.0.0.1\n"
-                    f"storePathRootDir={os.path.join(self.dir, 'store')}\nflushDiskType={flush}\n"
-                    "mappedFileSizeCommitLog=268435456\nautoCreateTopicEnable=false\nlogLevel=WARNING\n")
-        self.log_path = os.path.join(self.dir, "node.log")
-        self.proc: subprocess.Popen | None = None
+        port = free_port()
+        conf = lc.write_conf(os.path.join(self.dir, "broker.conf"), lc.node_lines(
+            port, os.path.join(self.dir, "store"), [f"flushDiskType={flush}", "mappedFileSizeCommitLog=268435456",
+                                                    "autoCreateTopicEnable=false", "logLevel=WARNING"]))
+        super().__init__(conf, port, os.path.join(self.dir, "node.log"), name, new_session=True)
 
     def start(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "node", "--config", self.conf], cwd=REPO_ROOT,
-                                         stdout=log, stderr=log, start_new_session=True)
-        deadline = time.monotonic() + NODE_READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"node exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                status, _ = asyncio.run(_one_request(self.port, "GET", "/health"))
-                if status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"node not healthy after {NODE_READY_TIMEOUT_S} s: {self.tail()}")
+        try:
+            super().start(NODE_READY_TIMEOUT_S)
+        except lc.ClusterError as e:
+            raise RuntimeError(str(e)) from None
 
     def stop(self) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(NODE_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(NODE_STOP_TIMEOUT_S)
+        return super().stop(NODE_STOP_TIMEOUT_S)
 
     def tail(self, limit: int = 1500) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read()[-limit:].decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return super().tail(limit)
 
 
 def proc_cpu_s(pid: int) -> float:

@@ -392,6 +392,7 @@ def plan_ops(state: Mapping[str, Any], live: Liveness, now_ms: int, opts: ElectO
             continue
         alter = alter_sync_state_set(g, beats, now_ms, opts)
         if alter is not None:
+            log.info("controller: group %s: SyncStateSet %s -> %s", name, sorted(g.get("sss", [])), alter["sss"])
             ops.append(alter)
     return ops
 

@@ -98,8 +98,11 @@ class _Signal:
         if self._fut is None:
             self._fut = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait_for(asyncio.shield(self._fut), max(0.0, timeout_s))
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that races `fire`
+            # (a stopping SYNC_MASTER waiter or slave reader would then run on).
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await asyncio.shield(self._fut)
+        except TimeoutError:
             pass
 
 
@@ -573,7 +576,10 @@ class HALog:
             elif self._role != MASTER:
                 return                      # a follower controller's view may be stale: wait for the leader
             await self.become_master(epoch)
-            self.core.sync_state_set = frozenset(int(b) for b in reply.get("sync_state_set", []))
+            sss = frozenset(int(b) for b in reply.get("sync_state_set", []))
+            if sss != self.core.sync_state_set:
+                log.info("SyncStateSet now %s (was %s)", sorted(sss), sorted(self.core.sync_state_set or ()))
+            self.core.sync_state_set = sss
         elif reply.get("master_ha_addr"):
             await self.become_slave(reply["master_ha_addr"], reply.get("master_addr"), epoch)
 

@@ -345,15 +345,27 @@ class HAServiceCore:
     # in-sync set only once it holds all of it, so with all_ack_in_sync_state_set every
     # SyncStateSet member (hence any master elected from it) has every acked message.
     confirm_offset: int = 0
+    # Slaves this master counts as in sync (RocketMQ's locally expanded SyncStateSet). A slave
+    # joins on the report that reaches the confirm offset, and from that moment its ack is
+    # required (with all_ack_in_sync_state_set), before the controller has even heard of it:
+    # acks can then never run ahead of a slave the controller may elect. It stays until it
+    # disconnects, falls past the gap or goes silent; membership is not re-sampled against a
+    # confirm offset that moves on every write.
+    in_sync: set[int] = field(default_factory=set)
 
     def on_report(self, conn_id: int, broker_id: int | None, offset: int, now_ms: int) -> None:
         prev = self.slaves.get(conn_id)
         if prev is not None:
             assert offset >= prev.ack_offset, "HAConnectionCore rejects reports that go back"
         self.slaves[conn_id] = SlaveProgress(broker_id, offset, now_ms)
+        if broker_id is not None and broker_id != self.master_id and offset >= self.confirm_offset:
+            self.in_sync.add(broker_id)
 
     def remove(self, conn_id: int) -> None:
-        self.slaves.pop(conn_id, None)
+        gone = self.slaves.pop(conn_id, None)
+        if gone is not None and gone.broker_id is not None and not any(
+                s.broker_id == gone.broker_id for s in self.slaves.values()):
+            self.in_sync.discard(gone.broker_id)
 
     def best_ack(self) -> int:
         """push2SlaveMaxOffset: the furthest any connected slave has acked (-1 with none)."""
@@ -368,9 +380,15 @@ class HAServiceCore:
         """Slaves (by broker id) that hold every acked message, are within the gap and were heard
         from recently: what the master reports to the controller for the SyncStateSet."""
         gap, silence = self.timings.max_gap_not_in_sync_bytes, self.timings.housekeeping_ms
-        return frozenset(s.broker_id for s in self.slaves.values()
-                         if s.broker_id is not None and s.ack_offset >= self.confirm_offset
-                         and master_max - s.ack_offset <= gap and now_ms - s.last_report_ms <= silence)
+        acks = self.acked_by_broker()
+        last = {}
+        for s in self.slaves.values():
+            if s.broker_id is not None:
+                last[s.broker_id] = max(last.get(s.broker_id, s.last_report_ms), s.last_report_ms)
+        for b in list(self.in_sync):
+            if b not in acks or master_max - acks[b] > gap or now_ms - last[b] > silence:
+                self.in_sync.discard(b)   # shrink: it rejoins only by reaching the confirm offset again
+        return frozenset(self.in_sync)
 
     def acked_by_broker(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -380,8 +398,11 @@ class HAServiceCore:
         return out
 
     def _required_slaves(self) -> frozenset[int]:
+        """The controller's SyncStateSet plus the slaves this master already counts in sync
+        (an expansion the controller has not confirmed yet); a slave the master dropped stays
+        required until the controller's SyncStateSet drops it too."""
         sss = self.sync_state_set if self.sync_state_set is not None else frozenset()
-        return sss - {self.master_id}
+        return (sss | self.in_sync) - {self.master_id}
 
     def _covered(self, end_offset: int) -> bool:
         if not self.all_ack_in_sync_state_set:

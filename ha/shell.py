@@ -248,8 +248,9 @@ class HAService:
                 continue
             wake.clear()
             try:
-                await asyncio.wait_for(wake.wait(), TICK_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(TICK_S):   # not wait_for: it may swallow a racing cancel
+                    await wake.wait()
+            except TimeoutError:
                 pass
 
 
@@ -339,8 +340,9 @@ class HAClient:
         await self._report(writer, core)
         while True:
             try:
-                data = await asyncio.wait_for(reader.read(READ_CHUNK_BYTES), TICK_S)
-            except asyncio.TimeoutError:
+                async with asyncio.timeout(TICK_S):   # not wait_for: it may swallow a racing cancel
+                    data = await reader.read(READ_CHUNK_BYTES)
+            except TimeoutError:
                 data = None
             if data == b"":
                 raise ConnectionResetError("master closed the HA connection")

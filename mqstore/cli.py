@@ -33,11 +33,21 @@ class CliError(Exception):
 
 
 # --- HTTP ----------------------------------------------------------------------------------------
+# (access key, secret key) that sign every request (aclEnable nodes); set by main from
+# --access-key/--secret-key or MQSTORE_ACCESS_KEY/MQSTORE_SECRET_KEY.
+CREDENTIALS: tuple[str, str] | None = None
+
+
 def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
     url = f"http://{endpoint}{path}"
     data = json.dumps(doc).encode() if doc is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
-                                                                        "Accept": "application/json"})
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if CREDENTIALS is not None:
+        import time
+        from node.acl import sign_headers
+        headers.update(sign_headers(CREDENTIALS[0], CREDENTIALS[1], method, path, None, data,
+                                    int(time.time() * 1000)))
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
             return json.loads(resp.read())
@@ -46,6 +56,13 @@ def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
     except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
         raise CliError(f"cannot reach the node at {endpoint}: {reason}") from None
+
+
+def set_credentials(access_key: str | None, secret_key: str | None) -> None:
+    global CREDENTIALS
+    if bool(access_key) != bool(secret_key):
+        raise CliError("give both --access-key and --secret-key (or MQSTORE_ACCESS_KEY and MQSTORE_SECRET_KEY)")
+    CREDENTIALS = (access_key, secret_key) if access_key else None
 
 
 def _describe_error(e: urllib.error.HTTPError) -> str:
@@ -171,15 +188,39 @@ def topic_route_doc(topic_doc: dict, nodes_doc: dict) -> dict:
                             "writeQueueNums": topic_doc["write_queue_nums"]}]}
 
 
+def client_ip(client_id: str) -> str:
+    """The IP part of a RocketMQ client id (`ip@instance`), as mqadmin's #Client IP column shows it."""
+    return client_id.split("@", 1)[0] or client_id
+
+
+def allocate_queues(doc: dict, members: list[dict], read_queue_nums: dict[str, int]) -> dict[tuple[str, int], str]:
+    """(topic, queue_id) -> client id owning it, by the clients' own rule: AllocateMessageQueueAveragely
+    over the topic's read queues and the sorted live members subscribed to the topic."""
+    from mqstore.client.consumer import allocate_averagely
+    from mqstore.client.message import MessageQueue
+    owners: dict[tuple[str, int], str] = {}
+    topics = sorted({r["topic"] for r in doc["queues"]})
+    for topic in topics:
+        ids = sorted(m["client_id"] for m in members if topic in m.get("topics", ()))
+        queue_ids = (range(read_queue_nums[topic]) if topic in read_queue_nums
+                     else sorted({r["queue_id"] for r in doc["queues"] if r["topic"] == topic}))
+        queues = [MessageQueue(topic, doc["broker_name"], qid) for qid in queue_ids]
+        for cid in ids:
+            for mq in allocate_averagely(queues, ids, cid):
+                owners[(topic, mq.queue_id)] = cid
+    return owners
+
+
 def consumer_progress_table(doc: dict) -> str:
-    """mqadmin consumerProgress -g G: per queue offsets, diff and last consumed time."""
+    """mqadmin consumerProgress -g G: per queue offsets, owning client, diff and last consumed time."""
     out = ["%-64s  %-32s  %-4s  %-20s  %-20s  %-20s %-20s  %s" % (
         "#Topic", "#Broker Name", "#QID", "#Broker Offset", "#Consumer Offset", "#Client IP", "#Diff", "#LastTime")]
     for r in doc["queues"]:
         last = human_s(r["last_timestamp"]) if r["last_timestamp"] > 0 else "N/A"
+        owner = r.get("client_id")
         out.append("%-64s  %-32s  %-4d  %-20d  %-20d  %-20s %-20d  %s" % (
             r["topic"][:64], doc["broker_name"][:32], r["queue_id"], r["broker_offset"], r["consumer_offset"],
-            "N/A", r["diff"], last))
+            client_ip(owner)[:20] if owner else "N/A", r["diff"], last))
     out.append("")
     out.append("Consume TPS: %.2f" % doc.get("consume_tps", 0.0))
     out.append("Diff Total: %d" % doc["diff_total"])
@@ -187,12 +228,18 @@ def consumer_progress_table(doc: dict) -> str:
 
 
 def consumer_groups_table(progress: list[dict]) -> str:
-    """mqadmin consumerProgress without -g: one row per group (no client registry: count 0, OFFLINE)."""
+    """mqadmin consumerProgress without -g: one row per group. #Count is the live members (None:
+    the node could not say, shown N/A); a group without members is OFFLINE, as in mqadmin. Members
+    heartbeat only in clustering mode and send no client version, so #Version is N/A."""
     out = ["%-64s  %-6s  %-24s %-5s  %-14s  %-7s  %s" % ("#Group", "#Count", "#Version", "#Type", "#Model",
                                                           "#TPS", "#Diff Total")]
     for p in progress:
-        out.append("%-64s  %-6d  %-24s %-5s  %-14s  %-7d  %d" % (p["group"][:64], 0, "OFFLINE", "", "", 0,
-                                                                  p["diff_total"]))
+        members = p.get("members")
+        count = "N/A" if members is None else str(len(members))
+        version = "N/A" if members is None else ("OFFLINE" if not members else "N/A")
+        model = "CLUSTERING" if members else ""
+        out.append("%-64s  %-6s  %-24s %-5s  %-14s  %-7d  %d" % (p["group"][:64], count, version, "", model,
+                                                                  int(p.get("consume_tps", 0)), p["diff_total"]))
     return "\n".join(out) + "\n"
 
 
@@ -298,13 +345,39 @@ def cmd_delete_topic(a) -> tuple[Any, str]:
     return doc, f"delete topic [{a.topic}] from cluster [{cluster}] success.\n"
 
 
+def _group_members(endpoint: str, group: str) -> list[dict] | None:
+    """Live members of a group, or None (with a warning on stderr) when the node cannot say: the
+    membership table lives on the node that accepts writes, and a follower refuses."""
+    try:
+        return call(endpoint, "GET", f"/groups/{q(group)}/members")["members"]
+    except CliError as e:
+        print(f"WARN: members of group {group!r} unknown: {e}", file=sys.stderr)
+        return None
+
+
+def with_members(doc: dict, members: list[dict] | None, read_queue_nums: dict[str, int]) -> dict:
+    """The progress document plus `members` and, per queue, the `client_id` that owns it (None: no owner)."""
+    owners = allocate_queues(doc, members or [], read_queue_nums)
+    return {**doc, "members": members,
+            "queues": [{**r, "client_id": owners.get((r["topic"], r["queue_id"]))} for r in doc["queues"]]}
+
+
 def cmd_consumer_progress(a) -> tuple[Any, str]:
     if a.group:
         path = f"/groups/{q(a.group)}/progress" + (f"?topic={q(a.topic)}" if a.topic else "")
         doc = call(a.endpoint, "GET", path)
+        members = _group_members(a.endpoint, a.group)
+        read_queue_nums: dict[str, int] = {}
+        for topic in sorted({r["topic"] for r in doc["queues"]}) if members else ():
+            try:
+                read_queue_nums[topic] = call(a.endpoint, "GET", f"/topics/{q(topic)}")["read_queue_nums"]
+            except CliError:
+                pass    # a deleted topic with offsets left: allocate over the queues the offsets name
+        doc = with_members(doc, members, read_queue_nums)
         return doc, consumer_progress_table(doc)
     groups = call(a.endpoint, "GET", "/groups")["groups"]
-    progress = [call(a.endpoint, "GET", f"/groups/{q(g)}/progress") for g in groups]
+    progress = [{**call(a.endpoint, "GET", f"/groups/{q(g)}/progress"), "members": _group_members(a.endpoint, g)}
+                for g in groups]
     return {"groups": progress}, consumer_groups_table(progress)
 
 
@@ -381,6 +454,10 @@ def _admin(sub, name: str, fn: Callable, help_text: str) -> argparse.ArgumentPar
     p.add_argument("-n", "--endpoint", default=os.environ.get("MQSTORE_ENDPOINT", DEFAULT_ENDPOINT),
                    help="node API host:port (default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the API's JSON instead of a table")
+    p.add_argument("--access-key", default=os.environ.get("MQSTORE_ACCESS_KEY"),
+                   help="sign requests with this access key (aclEnable nodes; env MQSTORE_ACCESS_KEY)")
+    p.add_argument("--secret-key", default=os.environ.get("MQSTORE_SECRET_KEY"),
+                   help="secret key of --access-key (env MQSTORE_SECRET_KEY)")
     p.set_defaults(fn=fn, admin=True)
     return p
 
@@ -478,6 +555,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
     try:
         if not args.admin:
             return args.fn(args)
+        set_credentials(args.access_key, args.secret_key)
         doc, text = args.fn(args)
     except CliError as e:
         print(f"ERROR: {e}", file=sys.stderr)

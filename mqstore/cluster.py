@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
+
+from mqstore import localcluster as lc
 
 STATE_FILE = "cluster.json"
 HEALTH_TIMEOUT_S = 30.0
@@ -44,10 +42,9 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
     specs = [NodeSpec(f"n{i}", base_port + 10 * i, 40911 + i + (base_port - 10911),
                       os.path.join(directory, f"n{i}", "broker.conf"), os.path.join(directory, f"n{i}", "store"),
                       os.path.join(directory, f"n{i}", "node.log")) for i in range(nodes)]
-    peers = ";".join(f"{s.node_id}-127.0.0.1:{s.raft_port}" for s in specs)
-    apis = ";".join(f"{s.node_id}-127.0.0.1:{s.api_port}" for s in specs)
+    raft = {s.node_id: s.raft_port for s in specs}
+    api = {s.node_id: s.api_port for s in specs}
     for s in specs:
-        os.makedirs(os.path.dirname(s.config_path), exist_ok=True)
         lines = [
             "brokerClusterName=DefaultCluster",
             f"brokerName={group}",
@@ -60,19 +57,9 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
             "autoCreateTopicEnable=true",
         ]
         if mode == "dledger":
-            lines += ["enableDLegerCommitLog=true", f"dLegerGroup={group}", f"dLegerPeers={peers}",
-                      f"dLegerPeerApis={apis}", f"dLegerSelfId={s.node_id}"]
-        with open(s.config_path, "w") as f:
-            f.write("\n".join(lines) + "\n")
+            lines += lc.dledger_lines(s.node_id, group, raft, api)
+        lc.write_conf(s.config_path, lines)
     return specs
-
-
-def _healthy(api: str) -> dict | None:
-    try:
-        with urllib.request.urlopen(f"http://{api}/health", timeout=1.0) as r:
-            return json.loads(r.read())
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
 
 
 def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int = 10911) -> list[NodeSpec]:
@@ -80,33 +67,22 @@ def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int 
     if os.path.exists(os.path.join(directory, STATE_FILE)):
         raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
     specs = plan(directory, mode, nodes, base_port)
-    pids = []
-    for s in specs:
-        log = open(s.log_path, "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "node", "--config", s.config_path],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        pids.append(proc.pid)
+    procs = [lc.Proc(lc.node_argv(s.config_path), s.log_path, s.node_id, new_session=True).start() for s in specs]
+    pids = [p.pid for p in procs]
     with open(os.path.join(directory, STATE_FILE), "w") as f:
         json.dump({"mode": mode, "pids": pids, "apis": [s.api for s in specs]}, f)
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
     for s in specs:
-        while _healthy(s.api) is None:
-            if time.monotonic() > deadline:
-                stop(directory)
-                raise SystemExit(f"node {s.node_id} did not become healthy in {HEALTH_TIMEOUT_S:.0f} s; see {s.log_path}")
-            time.sleep(0.2)
+        try:
+            lc.wait_healthy(s.api, timeout_s=max(0.0, deadline - time.monotonic()), interval=0.2)
+        except lc.ClusterError:
+            stop(directory)
+            raise SystemExit(f"node {s.node_id} did not become healthy in {HEALTH_TIMEOUT_S:.0f} s; see {s.log_path}")
     return specs
 
 
 def wait_for_leader(specs: list[NodeSpec], timeout_s: float = 15.0) -> str | None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for s in specs:
-            h = _healthy(s.api) or {}
-            if h.get("role") in ("LEADER", "STANDALONE", "MASTER"):
-                return s.api
-        time.sleep(0.2)
-    return None
+    return lc.find_leader([s.api for s in specs], timeout_s, interval=0.2)
 
 
 def stop(directory: str) -> list[int]:
@@ -116,31 +92,9 @@ def stop(directory: str) -> list[int]:
         return []
     with open(path) as f:
         pids = json.load(f)["pids"]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + 10.0
-    for pid in pids:
-        while time.monotonic() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    lc.stop_pids(pids, 10.0)
     os.remove(path)
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child of ours counts as gone
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        return done == 0
-    except ChildProcessError:
-        return True
 
 
 def usage_text(specs: list[NodeSpec], leader: str | None, directory: str) -> str:

@@ -18,6 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
+        from node.auth import preflight
+        preflight(config)   # aclEnable: an unusable ACL file stops the start here, before the store opens
     except ConfigError as e:
         print(f"ConfigError: {e}", file=sys.stderr)
         return 2

@@ -21,13 +21,13 @@ import msgpack
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from node.broker import BadRequest, Broker, OutgoingMessage, PullResult
-from node import dashboard
+from node.broker import Broker, OutgoingMessage, PullResult
+from node import auth, dashboard
 from node.config import parse_dleger_peers, to_properties
 from node.metrics import node_registry
 from node.client_api import CLIENT_ROUTES
 from node.openapi import openapi_document
-from node.store.errors import StoreError
+from node.store.errors import BadRequest, StoreError
 from node.store.message import PROPERTY_KEYS, PROPERTY_TAGS, StoredMessage, encode_offset_msg_id, host_bytes
 from node.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as PROPERTY_UNIQ_KEY
 
@@ -404,6 +404,7 @@ ROUTES += CLIENT_ROUTES   # delay, transactions, group members, send-back (node/
 
 def make_app(broker: Broker) -> web.Application:
     app = web.Application(client_max_size=broker.config.max_request_bytes, middlewares=[errors])
+    auth.install(app, broker.config)   # aclEnable: signed requests and per-account permissions
     app[BROKER_KEY] = broker
     app[REGISTRY_KEY] = node_registry(broker)
     for method, path, handler in ROUTES:

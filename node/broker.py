@@ -30,7 +30,8 @@ from node.metrics import TrafficStats
 from node.replicated_log import PutResult, ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
-from node.store.errors import CorruptRecord, InvalidMessage, StoreError
+from node.store.errors import (ApplyTimeout, BadRequest, CorruptRecord, InvalidMessage, MessageNotFound,
+                               MessageTooLarge, NoPermission, StoreError, TopicNotExist)
 from node.store.message import MessageDraft, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -52,40 +53,6 @@ PULL_FOUND = "FOUND"
 PULL_NO_NEW_MSG = "NO_NEW_MSG"
 PULL_NO_MATCHED_MSG = "NO_MATCHED_MSG"
 PULL_OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
-
-
-# --- errors the broker adds (errors.py holds the store's) ----------------------------------
-class BadRequest(StoreError):
-    code = "BAD_REQUEST"
-    http_status = 400
-
-
-class TopicNotExist(StoreError):
-    code = "TOPIC_NOT_EXIST"
-    http_status = 404
-
-
-class MessageNotFound(StoreError):
-    code = "NO_MESSAGE"
-    http_status = 404
-
-
-class MessageTooLarge(StoreError):
-    code = "MESSAGE_TOO_LARGE"
-    http_status = 413
-
-
-class NoPermission(StoreError):
-    code = "NO_PERMISSION"
-    http_status = 403
-
-
-class ApplyTimeout(StoreError):
-    """The record was appended but not applied in time; retrying the same commit is safe."""
-
-    code = "SYSTEM_BUSY"
-    retriable = True
-    http_status = 503
 
 
 # --- what the broker needs of its collaborators ---------------------------------------------

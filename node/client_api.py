@@ -8,6 +8,10 @@ and transactional messages in the half topic; `CLIENT_ROUTES` are their REST han
   POST   /groups/{group}/heartbeat            {client_id, topics, ttl_ms?} -> {group, members: {topic: [ids]}}
   GET    /groups/{group}/members               -> {group, members: [{client_id, topics, expires_in_ms}]}
   DELETE /groups/{group}/members/{client_id}   -> {group, client_id, removed}
+  POST   /groups/{group}/lock                 {client_id, queues: [{topic, queue_id}]}
+                                               -> {group, locked: [...], expires_in_ms, retry_after_ms}
+  POST   /groups/{group}/unlock               {client_id, queues: [...]} -> {group, unlocked: [...]}
+  GET    /groups/{group}/locks                 -> {group, locks: [{topic, queue_id, client_id, expires_in_ms}]}
   POST   /groups/{group}/retry                 {offset_msg_id, delay_level?, max_reconsume_times?}
   POST   /transactions/end                     {producer_group, offset_msg_id, action: COMMIT|ROLLBACK}
   GET    /transactions/pending?producer_group=&older_than_ms=&max=   -> {messages: [...]}
@@ -20,7 +24,9 @@ from typing import Any
 from aiohttp import web
 
 from node.config import parse_delay_levels
-from node.consumer_groups import ConsumerGroups, send_back
+import time
+
+from node.consumer_groups import ConsumerGroups, QueueLocks, send_back
 from node.fence import LeaderFence
 from node.schedule import ScheduleService, clamp_level, parse_level, to_schedule
 from node.store import message as M
@@ -36,11 +42,25 @@ class ClientServices:
         self.schedule = ScheduleService(broker, self.fence, self.levels_ms)
         self.transactions = TransactionService(broker, self.fence)
         self.groups = ConsumerGroups()
+        self.created = time.monotonic()
+        self._locks = QueueLocks(broker.config.rebalance_lock_max_live_time_ms)
+
+    def locks(self) -> QueueLocks:
+        """The lock table of the current leadership; a new one (refusing grants for a while) after a change.
+
+        A standalone node counts its quiet time from its start (a lock granted by its previous run was
+        granted before that); a node that becomes leader or master counts it from when it noticed.
+        """
+        key = self.fence.key()
+        if key != self._locks.epoch:
+            since = self.created if key[0] == "STANDALONE" else time.monotonic()
+            self._locks.reset(key, since)
+        return self._locks
 
     def route_special(self, topic: str, queue_id: int, props: dict[str, str], where: str
                       ) -> tuple[str, int, dict[str, str]]:
         """Where a user message is stored: its topic, the schedule topic (DELAY) or the half topic (TRAN_MSG)."""
-        from node.broker import BadRequest
+        from node.store.errors import BadRequest
         tx = props.get(M.PROPERTY_TRANSACTION_PREPARED, "").lower() == "true"
         level = parse_level(props.get(M.PROPERTY_DELAY_TIME_LEVEL))
         if level < 0:
@@ -97,6 +117,34 @@ async def unregister(request: web.Request) -> web.Response:
     return reply(request, {"group": group, "client_id": cid, "removed": removed})
 
 
+async def lock(request: web.Request) -> web.Response:
+    from node.api import read_doc, reply
+    from node.broker import check_group
+    _writable(request)
+    doc = await read_doc(request)
+    group = check_group(request.match_info["group"])
+    out = _services(request).locks().lock(group, doc.get("client_id"), doc.get("queues"))
+    return reply(request, {"group": group, **out})
+
+
+async def unlock(request: web.Request) -> web.Response:
+    from node.api import read_doc, reply
+    from node.broker import check_group
+    _writable(request)
+    doc = await read_doc(request)
+    group = check_group(request.match_info["group"])
+    released = _services(request).locks().unlock(group, doc.get("client_id"), doc.get("queues"))
+    return reply(request, {"group": group, "unlocked": released})
+
+
+async def locks(request: web.Request) -> web.Response:
+    from node.api import reply
+    from node.broker import check_group
+    _writable(request)
+    group = check_group(request.match_info["group"])
+    return reply(request, {"group": group, "locks": _services(request).locks().describe(group)})
+
+
 async def retry(request: web.Request) -> web.Response:
     from node.api import read_doc, reply
     doc = await read_doc(request)
@@ -126,6 +174,9 @@ CLIENT_ROUTES = [
     ("POST", "/groups/{group}/heartbeat", heartbeat),
     ("GET", "/groups/{group}/members", members),
     ("DELETE", "/groups/{group}/members/{client_id}", unregister),
+    ("POST", "/groups/{group}/lock", lock),
+    ("POST", "/groups/{group}/unlock", unlock),
+    ("GET", "/groups/{group}/locks", locks),
     ("POST", "/groups/{group}/retry", retry),
     ("POST", "/transactions/end", end_transaction),
     ("GET", "/transactions/pending", pending_transactions),

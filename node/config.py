@@ -136,13 +136,26 @@ class BrokerConfig:
     long_polling_max_waiters: int = _key("longPollingMaxWaiters", 10_000)
     # (ours) Most messages in one send request.
     max_batch_messages: int = _key("maxBatchMessages", 1024)
+    # How long an ordered consumer's queue lock lives unrenewed, ms (RocketMQ rebalance lockMaxLiveTime);
+    # a new leader grants no lock for this long after taking over.
+    rebalance_lock_max_live_time_ms: int = _key("rebalanceLockMaxLiveTimeMs", 60_000)
     # (ours) Largest HTTP request body, bytes: room for one max-size message in base64 JSON.
     max_request_bytes: int = _key("maxRequestBytes", 32 * MIB)
     # Delay levels for scheduled messages and retries (RocketMQ's messageDelayLevel).
     message_delay_level: str = _key("messageDelayLevel",
                                     "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
-    # Access control switch (checked by the ACL issue; here only parsed).
+    # Access control: every API request but /health, /metrics and the dashboard page must be
+    # signed by an account of aclFile and hold the route's permission (node/auth.py, docs/security.md).
     acl_enable: bool = _key("aclEnable", False)
+    # JSON ACL file (plain_acl.yml's shape); required when aclEnable=true (checked by node/auth.py's
+    # preflight at start, which reads it); re-read when it changes.
+    acl_file: str = _key("aclFile", "")
+    # A signed request's timestamp may differ from the node's clock by at most this, ms.
+    acl_replay_window_ms: int = _key("aclReplayWindowMs", 300_000)
+    # Most nonces remembered for replay detection; when full the replay window shrinks.
+    acl_nonce_cache_size: int = _key("aclNonceCacheSize", 200_000)
+    # How often a request checks the ACL file's mtime for changes, ms.
+    acl_reload_interval_ms: int = _key("aclReloadIntervalMs", 1000)
     # (ours) Python logging level of the node.
     log_level: str = _key("logLevel", "INFO")
 
@@ -307,12 +320,16 @@ _CHECKS = (
     _in_range("long_polling_max_wait_ms", 0, 600_000),
     _in_range("long_polling_max_waiters", 0, 1_000_000),
     _in_range("max_batch_messages", 1, 100_000),
+    _in_range("rebalance_lock_max_live_time_ms", 100, 600_000),
     _in_range("max_request_bytes", 1, 1 << 31),
     _in_range("ha_max_gap_not_in_sync_bytes", 0, 1 << 40),
     _in_range("ha_slave_ack_timeout_ms", 1, 600_000),
     _in_range("min_in_sync_replicas", 1, 16),
     _in_range("broker_election_priority", -1, 1 << 30),
     _check_delay_levels,
+    _in_range("acl_replay_window_ms", 1000, 86_400_000),
+    _in_range("acl_nonce_cache_size", 1000, 10_000_000),
+    _in_range("acl_reload_interval_ms", 10, 600_000),
 )
 
 

@@ -12,6 +12,12 @@ the delay level 3 + reconsume_times (or the level the client asks for), or, once
 reconsume_times passes max_reconsume_times (16) or the client asks for level -1, into
 `%DLQ%<group>`. The message keeps its UNIQ_KEY (msg_id), and RETRY_TOPIC names the topic
 it was first sent to.
+Queue locks (RocketMQ's lockBatchMQ / unlockBatchMQ, for ordered consumption): a member of a
+group holds a queue while it renews the lock within `rebalanceLockMaxLiveTimeMs`; another
+member asking for a held queue is refused. Locks are soft state on the leader, not in the
+log: a node that has just started to accept writes grants no lock for one lock lifetime
+(`QueueLocks.reset`), so a lock granted by the previous leader has expired on its holder
+before anyone else can get the queue.
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ MAX_TOPICS_PER_MEMBER = 64
 MAX_CLIENT_ID_CHARS = 256
 TTL_MS_DEFAULT = 30_000
 TTL_MS_RANGE = (1_000, 300_000)
+MAX_LOCKS_PER_REQUEST = 1_024
+MAX_LOCKS = 1_000_000
 
 
 def retry_topic(group: str) -> str:
@@ -68,7 +76,8 @@ class ConsumerGroups:
         return members
 
     def heartbeat(self, group: str, client_id: Any, topics: Any, ttl_ms: Any) -> dict[str, list[str]]:
-        from node.broker import BadRequest, check_int, check_user_topic
+        from node.broker import check_int, check_user_topic
+        from node.store.errors import BadRequest
         if not isinstance(client_id, str) or not client_id or len(client_id) > MAX_CLIENT_ID_CHARS:
             raise BadRequest(f"client_id must be a string of 1..{MAX_CLIENT_ID_CHARS} chars")
         if not isinstance(topics, list) or len(topics) > MAX_TOPICS_PER_MEMBER:
@@ -100,6 +109,91 @@ class ConsumerGroups:
         return [{"client_id": m.client_id, "topics": sorted(m.topics),
                  "expires_in_ms": int((m.expires_at - now) * 1000)}
                 for m in sorted(self._expire(group).values(), key=lambda m: m.client_id)]
+
+
+@dataclass(slots=True)
+class Lock:
+    client_id: str
+    expires_at: float           # monotonic seconds
+
+
+class QueueLocks:
+    """group -> (topic, queue_id) -> holder. Bounded in locks; expired locks are free."""
+
+    def __init__(self, max_live_ms: int, clock: Callable[[], float] = time.monotonic):
+        self.max_live_s = max_live_ms / 1000.0
+        self.clock = clock
+        self.locks: dict[str, dict[tuple[str, int], Lock]] = {}
+        self.count = 0
+        self.grant_from = clock()
+        self.epoch: Any = None
+
+    def reset(self, epoch: Any, since: float) -> None:
+        """A new leadership (epoch) began at `since`: forget every lock and grant none for one lock lifetime."""
+        self.locks.clear()
+        self.count = 0
+        self.epoch = epoch
+        self.grant_from = since + self.max_live_s
+
+    def _queues(self, queues: Any) -> list[tuple[str, int]]:
+        from node.broker import check_user_topic
+        from node.store.errors import BadRequest
+        if not isinstance(queues, list) or len(queues) > MAX_LOCKS_PER_REQUEST:
+            raise BadRequest(f"queues must be a list of at most {MAX_LOCKS_PER_REQUEST} {{topic, queue_id}}")
+        out = []
+        for q in queues:
+            if not isinstance(q, dict) or isinstance(q.get("queue_id"), bool) or not isinstance(q.get("queue_id"), int) \
+                    or not 0 <= q["queue_id"] < 65536:
+                raise BadRequest("each queue must be {topic: str, queue_id: int 0..65535}")
+            topic = q.get("topic")
+            if not (isinstance(topic, str) and topic.startswith(RETRY_PREFIX)):
+                topic = check_user_topic(topic)
+            out.append((topic, q["queue_id"]))
+        return out
+
+    def lock(self, group: str, client_id: Any, queues: Any) -> dict[str, Any]:
+        """Grant or renew what is free or already ours; the rest stays with its holder."""
+        from node.store.errors import BadRequest
+        if not isinstance(client_id, str) or not client_id or len(client_id) > MAX_CLIENT_ID_CHARS:
+            raise BadRequest(f"client_id must be a string of 1..{MAX_CLIENT_ID_CHARS} chars")
+        wanted = self._queues(queues)
+        now = self.clock()
+        if now < self.grant_from:
+            return {"locked": [], "expires_in_ms": 0, "retry_after_ms": int((self.grant_from - now) * 1000) + 1}
+        table = self.locks.setdefault(group, {})
+        granted = []
+        for key in wanted:
+            held = table.get(key)
+            if held is not None and held.client_id != client_id and held.expires_at > now:
+                continue
+            if held is None:
+                if self.count >= MAX_LOCKS:
+                    raise BadRequest(f"too many queue locks held (limit {MAX_LOCKS})")
+                self.count += 1
+            table[key] = Lock(client_id, now + self.max_live_s)
+            granted.append({"topic": key[0], "queue_id": key[1]})
+        if not table:
+            self.locks.pop(group, None)
+        return {"locked": granted, "expires_in_ms": int(self.max_live_s * 1000), "retry_after_ms": 0}
+
+    def unlock(self, group: str, client_id: Any, queues: Any) -> list[dict[str, Any]]:
+        wanted = self._queues(queues)
+        table = self.locks.get(group, {})
+        released = []
+        for key in wanted:
+            held = table.get(key)
+            if held is not None and held.client_id == client_id:
+                del table[key]
+                self.count -= 1
+                released.append({"topic": key[0], "queue_id": key[1]})
+        if not table:
+            self.locks.pop(group, None)
+        return released
+
+    def describe(self, group: str) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [{"topic": t, "queue_id": q, "client_id": h.client_id, "expires_in_ms": int((h.expires_at - now) * 1000)}
+                for (t, q), h in sorted(self.locks.get(group, {}).items()) if h.expires_at > now]
 
 
 async def send_back(broker: Any, levels: int, group: Any, offset_msg_id: Any, delay_level: Any = 0,

@@ -308,8 +308,11 @@ class LocalLog:
             self._grown = asyncio.get_running_loop().create_future()
         try:
             # One shared future for every waiter: memory does not grow with the number of waiters.
-            await asyncio.wait_for(asyncio.shield(self._grown), timeout_s)
-        except asyncio.TimeoutError:
+            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that races the
+            # future's completion, and a stopping task then runs on.
+            async with asyncio.timeout(max(0.0, timeout_s)):
+                await asyncio.shield(self._grown)
+        except TimeoutError:
             pass
 
     # --- for a log built on top of this one (ha.HALog: a slave appends pushed bytes) ----------

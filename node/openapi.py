@@ -138,6 +138,16 @@ def _client_paths() -> dict[str, Any]:
         "/groups/{group}/members/{client_id}": {"delete": {
             "summary": "A consumer leaves its group (others rebalance at once)", "parameters": [GROUP, client_id],
             "responses": {"200": _ok(obj), **_errors(400, 421)}}},
+        "/groups/{group}/lock": {"post": {
+            "summary": "Lock queues for an ordered consumer ({client_id, queues: [{topic, queue_id}]}); answers "
+                       "the queues granted or renewed, their lifetime, and retry_after_ms after a leader change",
+            "parameters": [GROUP], "requestBody": _body(obj), "responses": {"200": _ok(obj), **_errors(400, 421)}}},
+        "/groups/{group}/unlock": {"post": {
+            "summary": "Release queue locks this client holds", "parameters": [GROUP], "requestBody": _body(obj),
+            "responses": {"200": _ok(obj), **_errors(400, 421)}}},
+        "/groups/{group}/locks": {"get": {
+            "summary": "Queue locks held in a consumer group", "parameters": [GROUP],
+            "responses": {"200": _ok(obj), **_errors(400, 421)}}},
         "/groups/{group}/retry": {"post": {
             "summary": "Send back a message whose consumption failed: to %RETRY%<group> after a delay level, "
                        "or to %DLQ%<group> once reconsume_times passes max_reconsume_times (16)",

@@ -90,7 +90,7 @@ class TransactionService:
                 self.floor += 1
 
     def _half(self, offset_msg_id: Any) -> StoredMessage:
-        from node.broker import BadRequest, MessageNotFound
+        from node.store.errors import BadRequest, MessageNotFound
         if not isinstance(offset_msg_id, str):
             raise BadRequest("offset_msg_id must be a string")
         try:
@@ -103,7 +103,8 @@ class TransactionService:
         return msg
 
     async def end(self, producer_group: Any, offset_msg_id: Any, action: Any) -> dict[str, Any]:
-        from node.broker import BadRequest, check_group
+        from node.broker import check_group
+        from node.store.errors import BadRequest
         group = check_group(producer_group)
         if action not in (COMMIT, ROLLBACK):
             raise BadRequest(f"action must be {COMMIT} or {ROLLBACK}, got {action!r}")

@@ -16,6 +16,15 @@ Push consumer (`AsyncConsumer`), RocketMQ's DefaultMQPushConsumer on HTTP long p
 - Flow control: a queue is not pulled while it holds `pull_threshold_for_queue` (1000)
   messages or `pull_threshold_size_for_queue_mib` (100) MiB not yet consumed; at most
   `consume_thread_max` (20) listener calls run at once.
+- Ordered (`orderly=True`, RocketMQ's MessageListenerOrderly): a queue is consumed only
+  while this member holds its lock on the broker (`POST /groups/{g}/lock`, renewed every
+  `lock_renew_interval_s`; the lock lives `rebalanceLockMaxLiveTimeMs` on the broker and, on
+  the client, that long after the request that got it was sent). Each queue has one consume
+  task that hands the listener its messages in queue order, one batch at a time. A failed
+  batch is retried in place after `suspend_current_queue_time_s` (the queue waits), and after
+  `max_reconsume_times` attempts each message goes to `%DLQ%<group>`. A queue that moves away
+  is finished (the message being consumed completes), committed, then unlocked, so the next
+  owner starts where this one stopped.
 - Without a listener, `async for msg in consumer` yields messages one by one; a message
   counts as consumed when the loop asks for the next one, unless `reconsume_later(msg)` was
   called for it.
@@ -145,6 +154,10 @@ class _ProcessQueue:
         self.max_seen = -1
         self.dropped = False
         self.task: asyncio.Task | None = None
+        self.consume_task: asyncio.Task | None = None      # orderly: the queue's one consumer
+        self.buffer: dict[int, MessageExt] = {}             # orderly: pulled, not yet consumed
+        self.wake = asyncio.Event()
+        self.lock_until = 0.0                               # orderly: monotonic end of our lock
 
     def add(self, msgs: Sequence[MessageExt]) -> None:
         for m in msgs:
@@ -175,7 +188,8 @@ class AsyncConsumer(_Client):
                  max_reconsume_times: int = 16, heartbeat_interval_s: float = 5.0,
                  auto_commit_interval_s: float = 5.0, enable_auto_commit: bool = True, long_poll_ms: int = 2000,
                  instance_name: str = "DEFAULT", client_id: str | None = None,
-                 offset_store_dir: str | None = None, request_timeout_s: float = 5.0):
+                 offset_store_dir: str | None = None, request_timeout_s: float = 5.0, orderly: bool = False,
+                 lock_renew_interval_s: float = 20.0, suspend_current_queue_time_s: float = 1.0):
         super().__init__(brokers, controller, request_timeout_s)
         _check_range("consume_thread_max", consume_thread_max, 1, 1000)
         _check_range("consume_message_batch_max_size", consume_message_batch_max_size, 1, 1024)
@@ -186,6 +200,15 @@ class AsyncConsumer(_Client):
         _check_range("long_poll_ms", long_poll_ms, 0, 30_000)
         if heartbeat_interval_s <= 0 or auto_commit_interval_s <= 0:
             raise MQConfigError("heartbeat_interval_s and auto_commit_interval_s must be > 0")
+        if not 0 < lock_renew_interval_s <= 3600 or not 0 <= suspend_current_queue_time_s <= 60:
+            raise MQConfigError("lock_renew_interval_s must be in (0, 3600] and suspend_current_queue_time_s in [0, 60]")
+        if orderly and listener is None:
+            raise MQConfigError("an orderly consumer needs a listener")
+        if orderly and MessageModel(message_model) is not MessageModel.CLUSTERING:
+            raise MQConfigError("orderly consumption needs CLUSTERING (queue locks are per group)")
+        self.orderly = bool(orderly)
+        self.lock_renew_interval_s = lock_renew_interval_s
+        self.suspend_current_queue_time_s = suspend_current_queue_time_s
         self.group = group
         self.message_model = MessageModel(message_model)
         self.consume_from_where = ConsumeFromWhere(consume_from_where)
@@ -219,6 +242,8 @@ class AsyncConsumer(_Client):
         self._current: tuple[MessageExt, asyncio.Future] | None = None
         self._later: set[int] = set()          # id() of iterated messages marked RECONSUME_LATER
         self._running = False
+        self._assign_lock = asyncio.Lock()      # rebalance and lock renewal change the owned queues one at a time
+        self.lock_refusals = 0                 # orderly: lock requests answered "not yet" by a new leader
         self.rebalances = 0                    # how many times the assignment changed
         self.consumed = 0                      # listener calls that returned CONSUME_SUCCESS (messages)
 
@@ -236,7 +261,7 @@ class AsyncConsumer(_Client):
 
     def _all_subscriptions(self) -> dict[str, str]:
         subs = dict(self.subscriptions)
-        if self.clustering:
+        if self.clustering and not self.orderly:     # orderly retries in place, in order
             subs[RETRY_PREFIX + self.group] = "*"
         return subs
 
@@ -255,6 +280,8 @@ class AsyncConsumer(_Client):
         except MQClientError as e:
             log.warning("consumer %s: first rebalance failed, retrying in the background: %s", self.client_id, e)
         self._tasks = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._commit_loop())]
+        if self.orderly:
+            self._tasks.append(asyncio.create_task(self._renew_loop()))
         return self
 
     async def close(self) -> None:
@@ -269,9 +296,13 @@ class AsyncConsumer(_Client):
             self._current[1].set_result(self._status_of_current())
         for pq in list(self.process_queues.values()):
             pq.dropped = True
+            pq.wake.set()
             if pq.task is not None:
                 pq.task.cancel()
         await asyncio.gather(*(pq.task for pq in self.process_queues.values() if pq.task), return_exceptions=True)
+        ordered = [pq.consume_task for pq in self.process_queues.values() if pq.consume_task]
+        if ordered:                             # each finishes the message in hand, then stops
+            await asyncio.wait(ordered, timeout=SHUTDOWN_WAIT_S)
         if self._inbox is not None:            # iterated messages not handed out: not consumed
             while not self._inbox.empty():
                 _msgs, fut = self._inbox.get_nowait()
@@ -282,6 +313,9 @@ class AsyncConsumer(_Client):
             await self.offsets.persist()
         except MQClientError as e:
             log.warning("consumer %s: final offset commit failed: %s", self.client_id, e)
+        if self.orderly:                        # a listener still running keeps its queue until the lock ends
+            await self._unlock([mq for mq, pq in self.process_queues.items()
+                                if pq.consume_task is None or pq.consume_task.done()])
         if self.clustering:
             await self._unregister()
         if self._executor is not None:
@@ -336,6 +370,10 @@ class AsyncConsumer(_Client):
 
     async def rebalance(self) -> None:
         """Heartbeat, then take the queues allocated to this member and release the others."""
+        async with self._assign_lock:
+            await self._rebalance()
+
+    async def _rebalance(self) -> None:
         routed: dict[str, tuple[MessageQueue, ...]] = {}
         for topic in self._all_subscriptions():     # routes first: they name the groups to beat to
             try:
@@ -360,22 +398,142 @@ class AsyncConsumer(_Client):
         self.rebalances += 1
         for mq in sorted(current - wanted):
             await self._release(mq)
-        for mq in sorted(wanted - current):
+        new = sorted(wanted - current)
+        until: dict[MessageQueue, float] = {}
+        if self.orderly and new:
+            until = await self._lock(new)
+            new = [mq for mq in new if mq in until]
+        for mq in new:
             offset = await self._start_offset(mq)
             pq = self.process_queues[mq] = _ProcessQueue(mq, offset)
             pq.task = asyncio.create_task(self._pull_loop(pq))
+            if self.orderly:
+                pq.lock_until = until[mq]
+                pq.consume_task = asyncio.create_task(self._consume_orderly(pq))
         log.info("consumer %s: now owns %d queues", self.client_id, len(self.process_queues))
 
-    async def _release(self, mq: MessageQueue) -> None:
-        pq = self.process_queues.pop(mq)
+    async def _release(self, mq: MessageQueue, unlock: bool = True) -> None:
+        pq = self.process_queues.pop(mq, None)
+        if pq is None:
+            return
         pq.dropped = True
+        pq.wake.set()
         if pq.task is not None:
             pq.task.cancel()
+        finished = True
+        if pq.consume_task is not None:        # orderly: let the message in hand complete first
+            done, _ = await asyncio.wait([pq.consume_task], timeout=SHUTDOWN_WAIT_S)
+            finished = bool(done)
         try:
             await self.offsets.persist([mq])
         except MQClientError as e:
             log.info("consumer %s: commit of released %s failed: %s", self.client_id, mq, e)
         self.offsets.remove(mq)
+        if self.orderly and unlock and finished:   # unfinished: the lock expires on its own
+            await self._unlock([mq])
+
+    # --- queue locks (orderly) ---------------------------------------------------------------
+    @staticmethod
+    def _by_group(mqs: Sequence[MessageQueue]) -> dict[str, list[MessageQueue]]:
+        out: dict[str, list[MessageQueue]] = {}
+        for mq in mqs:
+            out.setdefault(mq.broker_name, []).append(mq)
+        return out
+
+    async def _lock(self, mqs: Sequence[MessageQueue]) -> dict[MessageQueue, float]:
+        """Lock (or renew) queues on their brokers: granted queue -> monotonic time our lock ends."""
+        out: dict[MessageQueue, float] = {}
+        for name, group_mqs in self._by_group(mqs).items():
+            sent = time.monotonic()
+            try:
+                doc = await self.transport.call(self.routes.group(name), "POST", f"/groups/{self.group}/lock",
+                                                {"client_id": self.client_id,
+                                                 "queues": [{"topic": m.topic, "queue_id": m.queue_id}
+                                                            for m in group_mqs]})
+            except MQClientError as e:
+                log.info("consumer %s: lock on %s failed: %s", self.client_id, name, e)
+                continue
+            if int(doc.get("retry_after_ms", 0)) > 0:
+                self.lock_refusals += 1            # a new leader's quiet time: no grants yet
+            granted = {(q["topic"], int(q["queue_id"])) for q in doc.get("locked", [])}
+            end = sent + int(doc.get("expires_in_ms", 0)) / 1000.0
+            out.update((m, end) for m in group_mqs if (m.topic, m.queue_id) in granted)
+        return out
+
+    async def _unlock(self, mqs: Sequence[MessageQueue]) -> None:
+        for name, group_mqs in self._by_group(mqs).items():
+            try:
+                await self.transport.call(self.routes.group(name), "POST", f"/groups/{self.group}/unlock",
+                                          {"client_id": self.client_id,
+                                           "queues": [{"topic": m.topic, "queue_id": m.queue_id} for m in group_mqs]},
+                                          timeout_s=2.0)
+            except MQClientError as e:
+                log.info("consumer %s: unlock on %s failed (the lock will expire): %s", self.client_id, name, e)
+
+    async def _renew_loop(self) -> None:
+        """Renew every held lock; a queue whose lock was refused stops here (rebalance may lock it again)."""
+        while self._running:
+            await asyncio.sleep(self.lock_renew_interval_s)
+            async with self._assign_lock:
+                await self._renew()
+
+    async def _renew(self) -> None:
+        held = list(self.process_queues)
+        if held:
+            until = await self._lock(held)
+            for mq in held:
+                pq = self.process_queues.get(mq)
+                if pq is None:
+                    continue
+                if mq in until:
+                    pq.lock_until = until[mq]
+                elif time.monotonic() >= pq.lock_until or await self._refused(mq):
+                    log.info("consumer %s: lost the lock of %s", self.client_id, mq)
+                    await self._release(mq, unlock=False)
+
+    async def _refused(self, mq: MessageQueue) -> bool:
+        """Did the broker answer and refuse (rather than not answer)? Only then is the queue given up early."""
+        try:
+            doc = await self.transport.call(self.routes.group(mq.broker_name), "GET", f"/groups/{self.group}/locks",
+                                            timeout_s=2.0)
+        except MQClientError:
+            return False
+        return not any(q["topic"] == mq.topic and int(q["queue_id"]) == mq.queue_id
+                       and q["client_id"] == self.client_id for q in doc.get("locks", []))
+
+    async def _consume_orderly(self, pq: _ProcessQueue) -> None:
+        """The queue's one consumer: messages in queue order, the next batch only after the last succeeded."""
+        attempts = 0
+        while self._running and not pq.dropped:
+            if not pq.buffer:
+                pq.wake.clear()
+                try:
+                    await asyncio.wait_for(pq.wake.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            if time.monotonic() >= pq.lock_until:        # not (or no longer) ours: wait for a renewal
+                await asyncio.sleep(min(0.1, self.lock_renew_interval_s))
+                continue
+            batch = [pq.buffer[o] for o in sorted(pq.buffer)[:self.consume_message_batch_max_size]]
+            assert self._slots is not None
+            async with self._slots:
+                status = await self._invoke(batch)
+            if status is ConsumeStatus.CONSUME_SUCCESS:
+                attempts = 0
+                self.consumed += len(batch)
+            else:
+                attempts += 1
+                if attempts <= self.max_reconsume_times:
+                    await asyncio.sleep(self.suspend_current_queue_time_s)
+                    continue
+                if not all([await self._send_back(m, -1) for m in batch]):   # to the DLQ
+                    await asyncio.sleep(self.suspend_current_queue_time_s)
+                    continue
+                attempts = 0
+            for m in batch:
+                pq.buffer.pop(m.queue_offset, None)
+            self.offsets.update(pq.mq, pq.remove(batch))
 
     async def _start_offset(self, mq: MessageQueue) -> int:
         stored = await self.offsets.read(mq)
@@ -403,6 +561,10 @@ class AsyncConsumer(_Client):
             if r.status is PullStatus.FOUND and r.messages:
                 pq.add(r.messages)
                 pq.next_offset = r.next_offset
+                if self.orderly:
+                    pq.buffer.update((m.queue_offset, m) for m in r.messages)
+                    pq.wake.set()
+                    continue
                 step = self.consume_message_batch_max_size
                 for i in range(0, len(r.messages), step):
                     self._spawn_consume(pq, r.messages[i:i + step])
@@ -469,10 +631,10 @@ class AsyncConsumer(_Client):
             log.error("consumer %s: listener returned %r; treated as RECONSUME_LATER", self.client_id, out)
             return ConsumeStatus.RECONSUME_LATER
 
-    async def _send_back(self, m: MessageExt) -> bool:
+    async def _send_back(self, m: MessageExt, delay_level: int = 0) -> bool:
         try:
             await self.transport.call(self.routes.group(m.broker_name), "POST", f"/groups/{self.group}/retry",
-                                      {"offset_msg_id": m.offset_msg_id, "delay_level": 0,
+                                      {"offset_msg_id": m.offset_msg_id, "delay_level": delay_level,
                                        "max_reconsume_times": self.max_reconsume_times})
             return True
         except MQClientError as e:

@@ -34,6 +34,9 @@ class SendStatus(str, enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
+_SEND_STATUS = {s.value: s for s in SendStatus}       # a dict lookup is cheaper than SendStatus(value)
+
+
 class PullStatus(str, enum.Enum):
     FOUND = "FOUND"
     NO_NEW_MSG = "NO_NEW_MSG"
@@ -157,7 +160,8 @@ class SendResult:
 
     @classmethod
     def from_wire(cls, doc: dict[str, Any], broker_name: str) -> "SendResult":
-        return cls(SendStatus(doc["status"]), doc["msg_id"], doc["offset_msg_id"], int(doc["queue_id"]),
+        status = doc["status"]
+        return cls(_SEND_STATUS.get(status) or SendStatus(status), doc["msg_id"], doc["offset_msg_id"], int(doc["queue_id"]),
                    int(doc["queue_offset"]), broker_name)
 
 
@@ -179,7 +183,6 @@ class TransactionSendResult:
 # --- UNIQ_KEY: RocketMQ's MessageClientIDSetter format ---------------------------------------
 # 16 bytes as 32 upper-case hex chars: ip 4 · pid 2 · client hash 4 · ms since the start of
 # the month 4 · counter 2. Unique per process and sortable by time within a month.
-_UNIQ_TAIL = struct.Struct(">IH")
 
 
 def _local_ip() -> bytes:
@@ -204,13 +207,20 @@ class UniqIdGenerator:
         self._next_month = 0
 
     def next(self) -> str:
+        return self.next_many(1)[0]
+
+    def next_many(self, count: int) -> list[str]:
+        """`count` ids under one clock read and one lock (a batch send asks for many at once)."""
         now = int(time.time() * 1000)
         with self._lock:
             if now >= self._next_month or now < self._month_start:
                 self._month_start = _month_start_ms(now)
                 self._next_month = _month_start_ms(self._month_start + 32 * 86_400_000)
-            n = next(self._counter) & 0xFFFF
-        return self._prefix + _UNIQ_TAIL.pack((now - self._month_start) & 0xFFFFFFFF, n).hex().upper()
+            first = next(self._counter)
+            if count > 1:
+                self._counter = itertools.count(first + count)
+        head = f"{self._prefix}{(now - self._month_start) & 0xFFFFFFFF:08X}"
+        return [f"{head}{(first + i) & 0xFFFF:04X}" for i in range(count)]
 
 
 UNIQ_IDS = UniqIdGenerator()

@@ -177,10 +177,13 @@ class AsyncProducer:
                     sharding_key: Any) -> list[SendResult]:
         if not self._started:
             raise MQClientError("producer not started (use `async with` or await start())")
+        limit = self.max_message_size
         for m in msgs:
-            if len(m.body) > self.max_message_size:
-                raise MQConfigError(f"message body is {len(m.body)} bytes; max_message_size is {self.max_message_size}")
-            m.properties.setdefault(PROPERTY_UNIQ_KEY, UNIQ_IDS.next())
+            if len(m.body) > limit:
+                raise MQConfigError(f"message body is {len(m.body)} bytes; max_message_size is {limit}")
+        fresh = [m for m in msgs if PROPERTY_UNIQ_KEY not in m.properties]
+        for m, uid in zip(fresh, UNIQ_IDS.next_many(len(fresh))):
+            m.properties[PROPERTY_UNIQ_KEY] = uid
         topic = msgs[0].topic
         fixed = queue is not None or selector is not None or sharding_key is not None
         attempts = 1 + self.retry_times_when_send_failed

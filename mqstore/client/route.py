@@ -77,7 +77,7 @@ class RouteTable:
         write, read, errors = [], [], []
         for name, g in sorted(self.groups.items()):
             try:
-                doc = await self.transport.call(g, "GET", f"/topics/{topic}")
+                doc = await self._topic_doc(g, topic)
             except MQBrokerError as e:
                 if e.code == "TOPIC_NOT_EXIST":
                     continue
@@ -96,6 +96,17 @@ class RouteTable:
             # Unknown topic: let a broker choose the queue (and auto-create the topic if it may).
             write = [MessageQueue(topic, name, -1) for name in sorted(self.groups)]
         return TopicRoute(tuple(write), tuple(read), time.monotonic())
+
+    async def _topic_doc(self, g: Any, topic: str) -> dict:
+        """The topic as the group's leader knows it. A follower may not have applied a new topic yet
+        and answers TOPIC_NOT_EXIST with a leader hint: then the leader is asked (once)."""
+        try:
+            return await self.transport.call(g, "GET", f"/topics/{topic}")
+        except MQBrokerError as e:
+            if e.code != "TOPIC_NOT_EXIST" or not e.leader or e.leader == e.addr:
+                raise
+            g.redirect(e.leader)
+        return await self.transport.call(g, "GET", f"/topics/{topic}")
 
     async def _from_controller(self, topic: str) -> TopicRoute:
         assert self.controller is not None

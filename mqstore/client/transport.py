@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ import aiohttp
 import msgpack
 
 from mqstore.client.errors import MQBrokerError, MQConfigError, MQConnectError
+from node.acl import sign_headers
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +59,19 @@ class BrokerGroup:
 
 
 class Transport:
-    def __init__(self, request_timeout_s: float = 5.0):
+    """`access_key`/`secret_key` sign every request (aclEnable nodes, docs/security.md); both
+    default to the environment's MQSTORE_ACCESS_KEY / MQSTORE_SECRET_KEY, and none = unsigned."""
+
+    def __init__(self, request_timeout_s: float = 5.0, access_key: str | None = None,
+                 secret_key: str | None = None):
         if request_timeout_s <= 0:
             raise MQConfigError("request_timeout_s must be > 0")
         self.request_timeout_s = request_timeout_s
+        self.access_key = access_key if access_key is not None else os.environ.get("MQSTORE_ACCESS_KEY")
+        self.secret_key = secret_key if secret_key is not None else os.environ.get("MQSTORE_SECRET_KEY")
+        if bool(self.access_key) != bool(self.secret_key):
+            raise MQConfigError("give both access_key and secret_key (or MQSTORE_ACCESS_KEY and "
+                                "MQSTORE_SECRET_KEY), or neither")
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -88,6 +99,9 @@ class Transport:
             if left <= 0:
                 break
             addr = group.target()
+            if self.access_key:      # a fresh nonce and timestamp per attempt: a retry is not a replay
+                headers = {**headers, **sign_headers(self.access_key, self.secret_key or "", method, path, query,
+                                                     data, int(time.time() * 1000))}
             try:
                 async with self._session.request(method, f"http://{addr}{path}", data=data, params=query,
                                                  headers=headers,

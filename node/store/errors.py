@@ -58,3 +58,38 @@ class FlushTimeout(StoreError):
     code = "FLUSH_DISK_TIMEOUT"
     retriable = True
     http_status = 504
+
+
+# --- request errors: raised by the broker (node/broker.py) and its services on bad or unservable
+# requests, never by the store. They live here so that every REST error code is in one module.
+class BadRequest(StoreError):
+    code = "BAD_REQUEST"
+    http_status = 400
+
+
+class TopicNotExist(StoreError):
+    code = "TOPIC_NOT_EXIST"
+    http_status = 404
+
+
+class MessageNotFound(StoreError):
+    code = "NO_MESSAGE"
+    http_status = 404
+
+
+class MessageTooLarge(StoreError):
+    code = "MESSAGE_TOO_LARGE"
+    http_status = 413
+
+
+class NoPermission(StoreError):
+    code = "NO_PERMISSION"
+    http_status = 403
+
+
+class ApplyTimeout(StoreError):
+    """The record was appended but not applied in time; retrying the same commit is safe."""
+
+    code = "SYSTEM_BUSY"
+    retriable = True
+    http_status = 503

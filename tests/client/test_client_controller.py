@@ -11,15 +11,13 @@ Method: two standalone node processes; one is killed after the route is cached.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
 from mqstore import (AsyncAdmin, AsyncConsumer, AsyncProducer, AsyncPullConsumer, ConsumeStatus, Message, PullStatus,
                      SendStatus)
 from tests.client.conftest import eventually, run
 from tests.client.nodes import Standalone
-from tests.integration.test_ha_processes import Group, free_ports, http, wait_for
+from tests.integration.test_ha_processes import Group, http
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,22 +26,9 @@ def test_producer_and_consumer_use_the_controllers_routes(tmp_path):
     g = Group(str(tmp_path))
     try:
         g.start_controller()
-        api, raft = free_ports(2)
-        conf = tmp_path / "dl.conf"
-        conf.write_text("\n".join([
-            "brokerClusterName=dl", "brokerName=broker-a", "enableDLegerCommitLog=true", "dLegerGroup=broker-a",
-            f"dLegerPeers=n0-127.0.0.1:{raft}", "dLegerSelfId=n0", f"dLegerPeerApis=n0-127.0.0.1:{api}",
-            f"storePathRootDir={tmp_path / 'dlstore'}", "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144",
-            f"listenPort={api}", "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1",
-            f"controllerAddr=127.0.0.1:{g.ctl_api}", ""]))
-        g._spawn("dl", [sys.executable, "-m", "node", "-c", str(conf)])
+        api = g.start_dledger_node("dl")
         ctl = f"127.0.0.1:{g.ctl_api}"
-
-        def leader_known():
-            groups = {v["broker_name"]: v for v in http("GET", f"http://{ctl}/groups", timeout=2)[1].get("groups", [])}
-            v = groups.get("broker-a")
-            return v if v and v["master_addr"] == f"127.0.0.1:{api}" else None
-        wait_for(leader_known, timeout=30, what="DLedger leader registered at the controller")
+        g.wait_registered("broker-a", f"127.0.0.1:{api}")     # the DLedger leader
         st, _ = http("POST", f"http://{ctl}/topics", {"topic": "RoutedTopic", "queues": 2})
         assert st == 201
 

@@ -44,6 +44,15 @@ def test_uniq_ids_are_32_hex_and_unique():
     assert len({i[:20] for i in ids}) == 1       # ip + pid + client hash prefix is fixed
 
 
+
+def test_uniq_ids_of_a_batch_are_unique_and_continue_the_sequence():
+    """A batch send takes its ids under one clock read; they must not repeat ids taken one by one."""
+    ids = [UNIQ_IDS.next()] + UNIQ_IDS.next_many(64) + [UNIQ_IDS.next()] + UNIQ_IDS.next_many(0)
+    assert len(ids) == 66 and len(set(ids)) == 66
+    assert all(len(i) == 32 and i == i.upper() and int(i, 16) >= 0 for i in ids)
+    counters = [int(i[-4:], 16) for i in ids]
+    assert all((b - a) % 0x10000 == 1 for a, b in zip(counters, counters[1:]))
+
 def test_latency_fault_tolerance_isolates_then_recovers():
     now = [0.0]
     f = LatencyFaultTolerance(clock_ms=lambda: now[0])
@@ -112,7 +121,7 @@ def test_group_members_expire_and_leave():
 
 
 def test_group_heartbeat_rejects_bad_input():
-    from node.broker import BadRequest
+    from node.store.errors import BadRequest
     g = ConsumerGroups()
     with pytest.raises(BadRequest, match="client_id"):
         g.heartbeat("G", "", ["T"], None)

@@ -26,22 +26,20 @@ that ignores SIGTERM then gets SIGUSR1 before the test fails.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
 from deploy.faultproxy import ProxyHub
+from mqstore import localcluster as lc
 from mqstore.cluster import plan
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mqstore.localcluster import free_ports
+from mqstore.localcluster import get_ok as try_http
 GROUP = "broker-a"
 SEGMENT_BYTES = 256 * 1024          # small data segments: rolls and blanks happen during the run
 CQ_UNITS_PER_FILE = 300             # small consume-queue files, as the rebuild must be told
@@ -50,106 +48,38 @@ SMALL_FILES = ("maxMessageSize=65536", f"mappedFileSizeCommitLog={SEGMENT_BYTES}
                "bindAddress=127.0.0.1", "syncFlushTimeout=3000")
 
 
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def http(addr: str, method: str, path: str, doc=None, timeout: float = 3.0):
     """(status, document); raises OSError / urllib.error.URLError on transport failures."""
-    data = json.dumps(doc).encode() if doc is not None else None
-    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        body = e.read()
-        try:
-            return e.code, json.loads(body)
-        except ValueError:
-            return e.code, {"error": "HTTP_ERROR", "message": body[:200].decode("utf-8", "replace")}
-
-
-def try_http(addr: str, path: str, timeout: float = 1.0) -> dict | None:
-    try:
-        status, doc = http(addr, "GET", path, timeout=timeout)
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-    return doc if status == 200 else None
+    return lc.http(addr, method, path, doc, timeout)
 
 
 # --- processes -----------------------------------------------------------------------------------
-@dataclass
-class NodeProc:
-    node_id: str
-    api_port: int
-    raft_port: int
-    conf: str
-    store_dir: str
-    log_path: str
-    proc: subprocess.Popen | None = None
-    stopped: bool = False            # SIGSTOPped
+class NodeProc(lc.NodeProc):
+    def __init__(self, node_id: str, api_port: int, raft_port: int, conf: str, store_dir: str, log_path: str):
+        super().__init__(conf, api_port, log_path, node_id)
+        self.node_id, self.api_port, self.raft_port, self.store_dir = node_id, api_port, raft_port, store_dir
+        if os.environ.get("DLEDGER_NODE_WRAPPER"):
+            self.argv = [sys.executable, os.environ["DLEDGER_NODE_WRAPPER"], "--config", conf]
 
     @property
     def api(self) -> str:
-        return f"127.0.0.1:{self.api_port}"
+        return self.addr
 
     def start(self) -> None:
-        assert self.proc is None or self.proc.poll() is not None, f"{self.node_id} is running"
-        with open(self.log_path, "ab") as log:
-            entry = ([os.environ["DLEDGER_NODE_WRAPPER"]] if os.environ.get("DLEDGER_NODE_WRAPPER")
-                     else ["-m", "node"])
-            self.proc = subprocess.Popen([sys.executable, *entry, "--config", self.conf], cwd=ROOT,
-                                         stdout=log, stderr=log)
-        self.stopped = False
-
-    @property
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self) -> None:
-        if self.running:
-            self.proc.kill()
-            self.proc.wait(10)
+        """Spawn only; the cluster waits for /health."""
+        self.launch()
 
     def terminate(self, timeout_s: float = 20.0) -> int:
-        assert self.proc is not None
-        if self.stopped:
-            self.cont()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout_s)
+            return super().terminate(timeout_s)
         except subprocess.TimeoutExpired:
             if os.environ.get("DLEDGER_NODE_WRAPPER"):
                 self.proc.send_signal(signal.SIGUSR1)
                 time.sleep(1)
             raise
 
-    def sigstop(self) -> None:
-        assert self.running
-        self.proc.send_signal(signal.SIGSTOP)
-        self.stopped = True
-
-    def cont(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-        self.stopped = False
-
     def tail(self, n: int = 4000) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read()[-n:].decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+        return super().tail(n)
 
 
 class DLedgerCluster:

@@ -81,3 +81,21 @@ def test_cluster_list_route_and_config_of_a_standalone_node(node):
     assert route["queueDatas"][0]["writeQueueNums"] == 3
     assert route["brokerDatas"][0]["brokerAddrs"] == {"0": f"127.0.0.1:{p}"}
     assert run(p, "getBrokerConfig")["config"]["listenPort"] == str(p)
+
+
+def test_consumer_progress_names_the_live_members_and_their_queues(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Shared", "queues": 2})[0] == 200
+    assert http(p, "POST", "/topics/Shared/messages", {"messages": [{"body": "x", "queue_id": q} for q in (0, 1)]})[0] == 200
+    wait_dispatched(p, "Shared", 1, 1)
+    run(p, "resetOffsetByTime", "-g", "CG", "-t", "Shared", "-s", "0")     # the group now has offsets
+    for cid in ("10.0.0.2@b", "10.0.0.1@a"):
+        assert http(p, "POST", "/groups/CG/heartbeat", {"client_id": cid, "topics": ["Shared"]})[0] == 200
+    prog = run(p, "consumerProgress", "-g", "CG")
+    assert [m["client_id"] for m in prog["members"]] == ["10.0.0.1@a", "10.0.0.2@b"]
+    assert [(r["queue_id"], r["client_id"]) for r in prog["queues"]] == [(0, "10.0.0.1@a"), (1, "10.0.0.2@b")]
+    row = [g for g in run(p, "consumerProgress")["groups"] if g["group"] == "CG"][0]
+    assert len(row["members"]) == 2
+    assert http(p, "DELETE", "/groups/CG/members/10.0.0.1@a")[0] == 200
+    prog = run(p, "consumerProgress", "-g", "CG")
+    assert [r["client_id"] for r in prog["queues"]] == ["10.0.0.2@b", "10.0.0.2@b"]

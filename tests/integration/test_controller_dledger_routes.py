@@ -6,12 +6,9 @@ address = the node's API address, the route's queues point there."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 
-from tests.integration.test_ha_processes import ROOT, Group, free_ports, http, wait_for
+from tests.integration.test_ha_processes import Group, http
 
 pytestmark = pytest.mark.slow
 
@@ -20,22 +17,9 @@ def test_dledger_leader_reaches_controller_routes(tmp_path):
     g = Group(str(tmp_path))
     try:
         g.start_controller()
-        api, raft = free_ports(2)
-        conf = tmp_path / "dl.conf"
-        conf.write_text("\n".join([
-            "brokerClusterName=dl", "brokerName=broker-a", "enableDLegerCommitLog=true", "dLegerGroup=broker-a",
-            f"dLegerPeers=n0-127.0.0.1:{raft}", "dLegerSelfId=n0", f"dLegerPeerApis=n0-127.0.0.1:{api}",
-            f"storePathRootDir={tmp_path / 'dlstore'}", "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144",
-            f"listenPort={api}", "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1",
-            f"controllerAddr=127.0.0.1:{g.ctl_api}", ""]))
-        g._spawn("dl", [sys.executable, "-m", "node", "-c", str(conf)])
+        api = g.start_dledger_node("dl")
         ctl = f"http://127.0.0.1:{g.ctl_api}"
-
-        def leader_known():
-            groups = {v["broker_name"]: v for v in http("GET", f"{ctl}/groups", timeout=2)[1].get("groups", [])}
-            v = groups.get("broker-a")
-            return v if v and v["master_addr"] == f"127.0.0.1:{api}" else None
-        view = wait_for(leader_known, timeout=30, what="DLedger leader registered at the controller")
+        view = g.wait_registered("broker-a", f"127.0.0.1:{api}")     # the DLedger leader
         assert view["mode"] == "dledger" and view["leader_term"] >= 1
         st, route = http("POST", f"{ctl}/topics", {"topic": "DlTopic", "queues": 2})
         assert st == 201, route

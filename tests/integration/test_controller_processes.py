@@ -9,38 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mqstore import localcluster as lc
+from mqstore.localcluster import free_ports, wait_for
+from mqstore.localcluster import request as http
+
 pytestmark = pytest.mark.slow
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def http(method: str, url: str, body: dict | None = None, timeout: float = 2.0) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
 
 
 class Cluster:
@@ -49,22 +26,20 @@ class Cluster:
         self.api = ports[:3]
         self.raft = ports[3:]
         self.tmp = tmp
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, lc.Proc] = {}
 
     def start(self, i: int) -> None:
         peers = [f"127.0.0.1:{self.raft[j]}" for j in range(3) if j != i]
         apis = [f"127.0.0.1:{self.api[j]}" for j in range(3) if j != i]
-        log = open(os.path.join(self.tmp, f"c{i}.log"), "ab")
-        self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "ha", "--port", str(self.api[i]), "--raft-port", str(self.raft[i]),
-             "--peers", ",".join(peers), "--peer-apis", ",".join(apis), "--data-dir", os.path.join(self.tmp, f"c{i}"),
-             "--heartbeat-timeout-ms", "1500"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[i] = lc.Proc(lc.controller_argv(self.api[i], self.raft[i], os.path.join(self.tmp, f"c{i}"),
+                                                   peers, apis, 1500),
+                                os.path.join(self.tmp, f"c{i}.log"), f"c{i}").start()
 
     def url(self, i: int, path: str) -> str:
         return f"http://127.0.0.1:{self.api[i]}{path}"
 
     def alive(self) -> list[int]:
-        return [i for i, p in self.procs.items() if p.poll() is None]
+        return [i for i, p in self.procs.items() if p.running]
 
     def leader(self, timeout: float = 15.0) -> int:
         """The ready controller claiming leadership in the highest Raft term (a deposed leader may
@@ -102,23 +77,7 @@ class Cluster:
 
     def stop_all(self) -> None:
         for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
-
-def wait_for(pred, timeout=20.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
+            p.stop(5)
 
 
 def test_decisions_survive_leader_controller_kill(tmp_path):
@@ -145,8 +104,7 @@ def test_decisions_survive_leader_controller_kill(tmp_path):
 
         # Kill -9 the leader controller. Decisions must survive on the other two.
         old = c.leader()
-        c.procs[old].send_signal(signal.SIGKILL)
-        c.procs[old].wait()
+        c.procs[old].kill9()
         new = c.leader(timeout=20)
         for i in c.alive():
             # Committed on a majority before the kill; a follower applies it once the new

@@ -19,55 +19,18 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from mqstore import localcluster as lc
+from mqstore.localcluster import ROOT, free_ports, wait_for  # noqa: F401 - shared with other process tests
+from mqstore.localcluster import request as http
+
 pytestmark = pytest.mark.slow
 TOPIC = "HaTopic"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def http(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, dict]:
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        return e.code, (json.loads(raw) if raw else {})
-
-
-def wait_for(pred, timeout=30.0, what=""):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            v = pred()
-        except OSError as e:
-            v, last = None, e
-        if v:
-            return v
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what} ({last!r})")
 
 
 class FaultProxy:
@@ -159,28 +122,44 @@ class Group:
         self.ctl_api, self.ctl_raft = p[0], p[1]
         self.api = {0: p[2], 1: p[3]}
         self.ha = {0: p[4], 1: p[5]}
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, lc.Proc] = {}
         self.controller_addr = {0: f"127.0.0.1:{self.ctl_api}", 1: f"127.0.0.1:{self.ctl_api}"}
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
-        self.procs[name] = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = lc.Proc(argv, os.path.join(self.tmp, f"{name}.log"), name).start()
 
     def start_controller(self) -> None:
-        self._spawn("ctl", [sys.executable, "-m", "ha", "--port", str(self.ctl_api), "--raft-port", str(self.ctl_raft),
-                            "--data-dir", os.path.join(self.tmp, "ctl"), "--heartbeat-timeout-ms", "3000"])
+        self._spawn("ctl", lc.controller_argv(self.ctl_api, self.ctl_raft, os.path.join(self.tmp, "ctl"),
+                                              heartbeat_timeout_ms=3000))
         wait_for(lambda: http("GET", f"http://127.0.0.1:{self.ctl_api}/health")[1].get("role") == "LEADER",
                  what="controller up")
 
     def start_broker(self, b: int) -> None:
-        conf = os.path.join(self.tmp, f"broker{b}.conf")
-        with open(conf, "w") as f:
-            f.write("\n".join([
-                "brokerClusterName=ha-test", "brokerName=broker-b", f"brokerId={b}", f"brokerRole={self.role}",
-                "flushDiskType=ASYNC_FLUSH", f"storePathRootDir={os.path.join(self.tmp, f'store{b}')}",
-                "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144", f"listenPort={self.api[b]}", f"haListenPort={self.ha[b]}",
-                "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"controllerAddr={self.controller_addr[b]}", ""]))
-        self._spawn(f"b{b}", [sys.executable, "-m", "node", "-c", conf])
+        conf = lc.write_conf(os.path.join(self.tmp, f"broker{b}.conf"), lc.node_lines(
+            self.api[b], os.path.join(self.tmp, f"store{b}"),
+            ["brokerClusterName=ha-test", "brokerName=broker-b", "flushDiskType=ASYNC_FLUSH",
+             "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144",
+             *lc.classic_lines(b, self.role, self.ha[b], self.controller_addr[b])]))
+        self._spawn(f"b{b}", lc.node_argv(conf))
+
+    def start_dledger_node(self, name: str = "dl") -> int:
+        """A single-node DLedger group (it leads itself) reporting to this controller; its API port."""
+        api, raft = free_ports(2)
+        conf = lc.write_conf(os.path.join(self.tmp, f"{name}.conf"), lc.node_lines(
+            api, os.path.join(self.tmp, f"{name}store"),
+            ["brokerClusterName=dl", "brokerName=broker-a", "mappedFileSizeCommitLog=1048576",
+             "maxMessageSize=262144", *lc.dledger_lines("n0", "broker-a", {"n0": raft}, {"n0": api}),
+             f"controllerAddr=127.0.0.1:{self.ctl_api}"]))
+        self._spawn(name, lc.node_argv(conf))
+        return api
+
+    def wait_registered(self, broker_name: str, addr: str, timeout: float = 30.0) -> dict:
+        """The controller's view of `broker_name` once it names `addr` as the group's master."""
+        def known():
+            _, doc = http("GET", f"http://127.0.0.1:{self.ctl_api}/groups", timeout=2)
+            v = {g["broker_name"]: g for g in doc.get("groups", [])}.get(broker_name)
+            return v if v and v["master_addr"] == addr else None
+        return wait_for(known, timeout, f"{broker_name} master {addr} registered at the controller")
 
     def url(self, b: int, path: str) -> str:
         return f"http://127.0.0.1:{self.api[b]}{path}"
@@ -211,23 +190,11 @@ class Group:
         return out
 
     def kill(self, name: str) -> None:
-        p = self.procs[name]
-        p.send_signal(signal.SIGKILL)
-        p.wait()
+        self.procs[name].kill9()
 
     def stop_all(self) -> None:
         for p in self.procs.values():
-            if p.poll() is None:
-                try:
-                    os.kill(p.pid, signal.SIGCONT)
-                except ProcessLookupError:
-                    pass
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            p.stop(10)           # SIGCONT first if it was SIGSTOPped
 
 
 def _bring_up(g: Group) -> None:
@@ -257,14 +224,14 @@ def test_sync_master_failover_loses_no_acked_message_and_old_master_truncates(gr
     # Freeze the slave: the master keeps writing, nobody acks (FLUSH_SLAVE_TIMEOUT after 5 s).
     # 8 MiB in one batch overflows the loopback socket buffers, so most of this tail never
     # reaches the slave, even after it thaws: the old master holds a tail nobody acked.
-    os.kill(g.procs["b1"].pid, signal.SIGSTOP)
+    g.procs["b1"].sigstop()
     filler = "y" * 200_000
     st, r = http("POST", g.url(0, f"/topics/{TOPIC}/messages"),
                  {"messages": [{"body": f"t{i:06d}{filler}", "queue_id": 0} for i in range(40)]
                   + [{"body": "m001000", "queue_id": 0}]}, timeout=30)
     assert st == 200 and {x["status"] for x in r["results"]} == {"FLUSH_SLAVE_TIMEOUT"}, r
     g.kill("b0")
-    os.kill(g.procs["b1"].pid, signal.SIGCONT)
+    g.procs["b1"].cont()
     t0 = time.monotonic()
     g.wait_role(1, "MASTER")
     # Writes continue on the new master (no slave yet: stored, SLAVE_NOT_AVAILABLE).
@@ -292,12 +259,12 @@ def test_async_master_loss_window_is_measured(group):
     g = group
     _bring_up(g)
     acked = []
-    os.kill(g.procs["b1"].pid, signal.SIGSTOP)   # a slow slave: what ASYNC_MASTER acks now is at risk
+    g.procs["b1"].sigstop()   # a slow slave: what ASYNC_MASTER acks now is at risk
     for i in range(30):
         if g.send(0, i) == "SEND_OK":
             acked.append(i)
     g.kill("b0")
-    os.kill(g.procs["b1"].pid, signal.SIGCONT)
+    g.procs["b1"].cont()
     g.wait_role(1, "MASTER")
     on_new = set(wait_for(lambda: g.bodies(1) or None, what="read new master"))
     lost = [i for i in acked if f"m{i:06d}" not in on_new]

@@ -9,82 +9,22 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(port: int, method: str, path: str, doc=None, timeout: float = 10.0):
-    data = json.dumps(doc).encode() if doc is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from mqstore import localcluster as lc
+from mqstore.localcluster import ROOT, free_port, http
+from mqstore.localcluster import NodeProc as NodeProcess
 
 
 def write_conf(directory, port: int, extra: str = "") -> str:
-    path = os.path.join(str(directory), "broker.conf")
-    with open(path, "w") as f:
-        f.write(f"listenPort={port}\nbindAddress=127.0.0.1\nbrokerIP1=127.0.0.1\n"
-                f"storePathRootDir={os.path.join(str(directory), 'store')}\n"
-                "mappedFileSizeCommitLog=1048576\nmaxMessageSize=65536\nmaxRequestBytes=4194304\n"
-                "mapedFileSizeConsumeQueue=6000\nmaxHashSlotNum=1000\nmaxIndexNum=4000\n" + extra)
-    return path
-
-
-class NodeProcess:
-    def __init__(self, conf: str, port: int, log_path: str):
-        self.conf, self.port, self.log_path = conf, port, log_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, timeout_s: float = 20.0) -> None:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "node", "--config", self.conf], cwd=ROOT,
-                                     stdout=log, stderr=log)
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"node exited with {self.proc.returncode}: {self.tail()}")
-            try:
-                status, doc = http(self.port, "GET", "/health", timeout=1.0)
-                if status == 200:
-                    return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.05)
-        raise AssertionError(f"node did not become healthy: {self.tail()}")
-
-    def terminate(self, timeout_s: float = 20.0) -> int:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout_s)
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def tail(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read()[-3000:].decode("utf-8", "replace")
+    """broker.conf for one small-geometry node in `directory` (store under directory/store)."""
+    return lc.write_conf(os.path.join(str(directory), "broker.conf"), lc.node_lines(
+        port, os.path.join(str(directory), "store"),
+        [*lc.SMALL_GEOMETRY, "maxMessageSize=65536", "maxRequestBytes=4194304", *lc.conf_lines(extra)]))
 
 
 @pytest.fixture
@@ -172,19 +112,8 @@ def test_bad_config_exits_2_naming_the_key(tmp_path):
 def test_environment_override(tmp_path):
     port = free_port()
     conf = write_conf(tmp_path, 1)   # the file's port is wrong; the environment fixes it
-    env = {**os.environ, "MQSTORE_listenPort": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "node", "--config", conf], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node = NodeProcess(conf, port, str(tmp_path / "node.log"), env={"MQSTORE_listenPort": str(port)})
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if http(port, "GET", "/health", timeout=1)[0] == 200:
-                    break
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.05)
-        else:
-            raise AssertionError("node did not come up on the overridden port")
+        node.start(20)          # waits for /health on the overridden port
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(20) == 0
+        assert node.terminate(20) == 0, node.tail()

@@ -10,106 +10,47 @@ segments, consume-queue files and index files:
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-GEOMETRY = ("mappedFileSizeCommitLog=1048576\nmapedFileSizeConsumeQueue=6000\n"
-            "maxHashSlotNum=1000\nmaxIndexNum=4000\n")
+from mqstore import localcluster as lc
+from mqstore.localcluster import free_port, http
+
+GEOMETRY = "\n".join(lc.SMALL_GEOMETRY) + "\n"
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 20.0
 SEND_RETRIES = 100              # per batch, while a DLedger group elects or redirects
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http(port: int, method: str, path: str, doc=None, timeout: float = 10.0) -> tuple[int, dict]:
-    data = json.dumps(doc).encode() if doc is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
-                                 headers={"Content-Type": "application/json", "Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        body = e.read()
-        try:
-            return e.code, json.loads(body)
-        except ValueError:
-            return e.code, {"error": body[:300].decode("utf-8", "replace")}
-
-
-class Node:
+class Node(lc.NodeProc):
     """One `python -m node` process with its own directory (broker.conf, store/, node.log)."""
 
-    def __init__(self, directory: str, port: int, extra_conf: str = ""):
+    def __init__(self, directory: str, port: int, extra_conf: str | list[str] = ""):
         self.dir = directory
-        self.port = port
         self.store = os.path.join(directory, "store")
-        self.conf = os.path.join(directory, "broker.conf")
-        self.log_path = os.path.join(directory, "node.log")
-        os.makedirs(directory, exist_ok=True)
-        with open(self.conf, "w") as f:
-            f.write(f"listenPort={port}\nhaListenPort={free_port()}\nbindAddress=127.0.0.1\n"
-                    f"brokerIP1=127.0.0.1\nstorePathRootDir={self.store}\nmaxMessageSize=65536\n"
-                    f"logLevel=WARNING\n{GEOMETRY}{extra_conf}")
-        self.proc: subprocess.Popen | None = None
-
-    def launch(self) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "node", "--config", self.conf], cwd=ROOT,
-                                         stdout=log, stderr=log)
-
-    def health(self) -> dict | None:
-        try:
-            status, doc = http(self.port, "GET", "/health", timeout=1.0)
-        except OSError:
-            return None
-        return doc if status == 200 else None
+        conf = lc.write_conf(os.path.join(directory, "broker.conf"), lc.node_lines(
+            port, self.store, [f"haListenPort={free_port()}", "maxMessageSize=65536", "logLevel=WARNING",
+                               *lc.SMALL_GEOMETRY, *lc.conf_lines(extra_conf)]))
+        super().__init__(conf, port, os.path.join(directory, "node.log"))
 
     def wait_healthy(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"node exited with {self.proc.returncode}: {self.tail()}")
-            if self.health() is not None:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"node on port {self.port} did not become healthy: {self.tail()}")
+        """Until /health answers 200, by the absolute `deadline` (time.monotonic())."""
+        lc.wait_healthy(self.port, self, max(0.0, deadline - time.monotonic()), interval=0.1)
 
     def stop(self) -> int:
         """SIGTERM and wait: the node flushes, dispatches and checkpoints before it exits."""
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(STOP_TIMEOUT_S)
+            return self.terminate(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.kill9()
             raise AssertionError(f"node on port {self.port} ignored SIGTERM: {self.tail()}") from None
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def tail(self) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read()[-3000:].decode("utf-8", "replace")
-        except FileNotFoundError:
-            return ""
+        self.kill9()
 
 
 def standalone(directory: str, extra_conf: str = "") -> list[Node]:
@@ -126,13 +67,10 @@ def standalone(directory: str, extra_conf: str = "") -> list[Node]:
 def dledger_group(directory: str, size: int = 3) -> list[Node]:
     """A DLedger group on free ports; returns once every node answers /health."""
     ids = [f"n{i}" for i in range(size)]
-    api = {i: free_port() for i in ids}
-    raft = {i: free_port() for i in ids}
-    peers = ";".join(f"{i}-127.0.0.1:{raft[i]}" for i in ids)
-    apis = ";".join(f"{i}-127.0.0.1:{api[i]}" for i in ids)
+    ports = lc.free_ports(2 * size)
+    api, raft = dict(zip(ids, ports)), dict(zip(ids, ports[size:]))
     nodes = [Node(os.path.join(directory, i), api[i],
-                  f"enableDLegerCommitLog=true\ndLegerGroup=g\ndLegerPeers={peers}\n"
-                  f"dLegerPeerApis={apis}\ndLegerSelfId={i}\nflushDiskType=ASYNC_FLUSH\n") for i in ids]
+                  [*lc.dledger_lines(i, "g", raft, api), "flushDiskType=ASYNC_FLUSH"]) for i in ids]
     for n in nodes:
         n.launch()
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -147,13 +85,9 @@ def dledger_group(directory: str, size: int = 3) -> list[Node]:
 
 
 def leader(nodes: list[Node], timeout_s: float = 15.0) -> Node:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for n in nodes:
-            h = n.health() or {}
-            if h.get("role") in ("LEADER", "STANDALONE", "MASTER"):
-                return n
-        time.sleep(0.1)
+    port = lc.find_leader([n.port for n in nodes], timeout_s)
+    if port is not None:
+        return next(n for n in nodes if n.port == port)
     raise AssertionError("no leader: " + "; ".join(f"{n.port}: {n.health()}" for n in nodes))
 
 

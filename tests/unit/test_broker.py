@@ -16,13 +16,13 @@ import os
 
 import pytest
 
-from node.broker import (SYS_CONSUMER_OFFSET, BadRequest, Broker, MessageNotFound, MessageTooLarge,
-                         OutgoingMessage, Subscription, TopicNotExist, wait_future)
+from node.broker import SYS_CONSUMER_OFFSET, Broker, OutgoingMessage, Subscription, wait_future
 from node.config import BrokerConfig
 from node.replicated_log import PutResult, PutStatus, ScanBatch, ScannedRecord
 from node.store import layout as L
 from node.store import message as M
 from node.store.consume_queue import ConsumeQueueStore
+from node.store.errors import BadRequest, MessageNotFound, MessageTooLarge, TopicNotExist
 from node.store.fileio import FileSystem
 
 

@@ -55,6 +55,11 @@ ANSWERS = {
                                                   "write_queue_nums": 2, "perm": 6}},
     ("GET", "/groups"): {"groups": ["please_rename_unique_group_name"]},
     ("GET", "/groups/please_rename_unique_group_name/progress"): PROGRESS,
+    ("GET", "/groups/please_rename_unique_group_name/members"): {
+        "group": "please_rename_unique_group_name", "members": [
+            {"client_id": "192.168.0.8@5151#2", "topics": ["TopicTest"], "expires_in_ms": 14000},
+            {"client_id": "192.168.0.7@4242#1", "topics": ["TopicTest"], "expires_in_ms": 9000},
+            {"client_id": "192.168.0.9@6161#3", "topics": ["Orders"], "expires_in_ms": 12000}]},
     ("POST", f"/groups/please_rename_unique_group_name/offsets/reset?topic=TopicTest&timestamp={T0}"): {
         "group": "please_rename_unique_group_name", "topic": "TopicTest", "timestamp": T0,
         "broker_name": "broker-a", "queues": [{"queue_id": 0, "offset": 93}, {"queue_id": 1, "offset": 10}]},
@@ -140,3 +145,41 @@ def test_cluster_list_puts_the_leader_at_bid_0_and_marks_unreachable(canned, tmp
     assert lines[1].split()[2:4] == ["0", "127.0.0.1:20921"]
     down = [ln for ln in lines if "UNREACHABLE" in ln]
     assert len(down) == 1 and "127.0.0.1:20901" in down[0]
+
+
+MEMBERS_PATH = ("GET", "/groups/please_rename_unique_group_name/members")
+
+
+def test_consumer_progress_without_members_shows_offline_and_no_client(canned, tmp_path, monkeypatch):
+    monkeypatch.setitem(ANSWERS, MEMBERS_PATH, {"group": "please_rename_unique_group_name", "members": []})
+    row = run(["consumerProgress"], tmp_path).splitlines()[1].split()
+    assert row[1:3] == ["0", "OFFLINE"]
+    rows = run(["consumerProgress", "-g", "please_rename_unique_group_name"], tmp_path).splitlines()[1:3]
+    assert [r.split()[5] for r in rows] == ["N/A", "N/A"]
+    assert ("GET", "/topics/TopicTest", None) not in canned    # no members: nothing to allocate
+
+
+def test_consumer_progress_when_the_node_cannot_list_members_says_so(canned, tmp_path, monkeypatch, capsys):
+    def refuse(endpoint, method, path, doc=None):
+        if (method, path) == MEMBERS_PATH:
+            raise cli.CliError("NOT_LEADER: this node does not accept writes [HTTP 503]")
+        return json.loads(json.dumps(ANSWERS[(method, path)]))
+
+    monkeypatch.setattr(cli, "call", refuse)
+    row = run(["consumerProgress"], tmp_path).splitlines()[1].split()
+    assert row[1:3] == ["N/A", "N/A"]     # unknown, not a false OFFLINE
+    assert "members of group 'please_rename_unique_group_name' unknown: NOT_LEADER" in capsys.readouterr().err
+    rows = run(["consumerProgress", "-g", "please_rename_unique_group_name"], tmp_path).splitlines()[1:3]
+    assert [r.split()[5] for r in rows] == ["N/A", "N/A"]
+
+
+def test_allocate_queues_follows_the_clients_averagely_rule():
+    doc = {"broker_name": "b", "queues": [{"topic": "T", "queue_id": i} for i in range(5)]
+           + [{"topic": "Gone", "queue_id": 3}]}
+    members = [{"client_id": "10.0.0.2@b", "topics": ["T", "Gone"]}, {"client_id": "10.0.0.1@a", "topics": ["T"]},
+               {"client_id": "10.0.0.3@c", "topics": ["Other"]}]
+    owners = cli.allocate_queues(doc, members, {"T": 5})
+    # 5 queues over 2 sorted members: the first takes 3, the second 2; the third does not subscribe to T.
+    assert [owners[("T", i)] for i in range(5)] == ["10.0.0.1@a"] * 3 + ["10.0.0.2@b"] * 2
+    assert owners[("Gone", 3)] == "10.0.0.2@b"    # topic unknown to the node: the queues the offsets name
+    assert cli.client_ip("10.0.0.1@a") == "10.0.0.1" and cli.client_ip("no-at-sign") == "no-at-sign"

@@ -240,7 +240,8 @@ def test_all_ack_in_sync_state_set_needs_every_member():
 def test_all_ack_ignores_slaves_outside_the_set():
     s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0, 1}))
     s.on_report(11, 1, 5000, now_ms=0)
-    s.on_report(13, 3, 0, now_ms=0)     # broker 3 is not in the SyncStateSet
+    assert s.begin(100, 0).state is WaitState.ACKED    # confirm offset 100
+    s.on_report(13, 3, 0, now_ms=0)     # broker 3: not in the SyncStateSet, and behind the confirm offset
     assert s.begin(4000, 0).state is WaitState.ACKED
 
 
@@ -335,3 +336,42 @@ def test_client_core_accepts_only_in_step_pushes(evs):
         if due is not None:
             assert due == own
             c.reported(due, now)
+
+
+# --- regressions: the SyncStateSet under steady load (allAckInSyncStateSet) ------------------------
+
+def test_slave_counted_in_sync_must_ack_before_the_controller_confirms_it():
+    """A master that reports a slave in sync requires that slave's ack at once: the controller
+    may put it in the SyncStateSet (and elect it) before the master hears the new set back."""
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0}))
+    assert s.begin(1000, 0).state is WaitState.ACKED          # lone master: SSS = {0}
+    s.on_report(11, 1, 1000, now_ms=0)                        # the slave reaches the confirm offset
+    assert s.in_sync_broker_ids(1000, now_ms=0) == {1}
+    t = s.begin(2000, 0)
+    assert t.state is WaitState.WAITING, "acked without the slave the master just reported in sync"
+    assert s.check(t, T.slave_ack_timeout_ms).state is WaitState.FLUSH_SLAVE_TIMEOUT
+    assert s.confirm_offset == 1000
+    s.on_report(11, 1, 2000, now_ms=1)
+    assert s.begin(2000, 1).state is WaitState.ACKED
+    assert s.in_sync_broker_ids(2100, now_ms=1) == {1}        # not re-sampled against later writes
+
+
+def test_in_sync_slave_leaves_on_disconnect_and_rejoins_at_the_confirm_offset():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0}))
+    s.on_report(11, 1, 0, now_ms=0)
+    assert s.in_sync_broker_ids(0, now_ms=0) == {1}
+    s.remove(11)
+    assert s.in_sync_broker_ids(0, now_ms=0) == frozenset()
+    assert s.begin(500, 0).state is WaitState.ACKED          # not required any more: SSS is {0}
+    s.on_report(12, 1, 400, now_ms=1)                          # reconnected, behind the confirm offset
+    assert s.in_sync_broker_ids(500, now_ms=1) == frozenset()
+    s.on_report(12, 1, 500, now_ms=2)
+    assert s.in_sync_broker_ids(500, now_ms=2) == {1}
+
+
+def test_slave_in_controller_sss_stays_required_after_the_master_drops_it():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0, 1}))
+    s.on_report(11, 1, 100, now_ms=0)
+    s.on_report(11, 1, 100, now_ms=T.housekeeping_ms + 1)      # still connected, but ...
+    assert s.in_sync_broker_ids(100 + 300 * MiB, now_ms=T.housekeeping_ms + 1) == frozenset()   # ... past the gap
+    assert s.begin(200, 0).state is WaitState.WAITING          # the controller has not shrunk the SSS yet

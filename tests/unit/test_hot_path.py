@@ -13,7 +13,7 @@ import os
 import pytest
 
 from node.api import offset_msg_id_of, parse_message, render_message
-from node.broker import BadRequest
+from node.store.errors import BadRequest
 from node.store import layout as L
 from node.store.commitlog import CommitLog
 from node.store.errors import CorruptRecord, InvalidMessage
