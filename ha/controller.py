@@ -467,6 +467,10 @@ class ControllerStateMachine(SyncObj):
         self._durable = load_state(self._fs, data_dir)
         conf = SyncObjConf(
             journalFile=os.path.join(data_dir, "raft.journal"),
+            # Without a dump file pysyncobj keeps its compaction snapshot in memory only: after a
+            # restart of every controller the journal starts past the commit index and the state
+            # machine never becomes ready (no election ever again).
+            fullDumpFile=os.path.join(data_dir, "raft.dump"),
             # appendEntriesUseBatch stays at its default (True): with False pysyncobj 0.3.17
             # logged "state machine may have diverged" under pipelined load (DESIGN section 4).
             dynamicMembershipChange=False,

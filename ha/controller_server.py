@@ -35,6 +35,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
+from node.broker import MAX_QUEUES_PER_TOPIC, PERM_DEFAULT, check_user_topic
 from node.store.errors import StoreError
 from node import dashboard
 from node.metrics import controller_registry
@@ -49,6 +50,7 @@ MSGPACK = "application/x-msgpack"
 APPLY_TIMEOUT_S = 5.0
 TICK_S = 0.2
 MAX_BODY_BYTES = 1 << 20
+MAX_TOPICS_PER_REPLY = 4096   # a broker applies at most this many controller topics per heartbeat
 
 
 def _mono_ms() -> int:
@@ -202,15 +204,25 @@ class Controller:
 
     async def create_topic(self, request: web.Request) -> web.Response:
         body = await _body(request)
-        topic, queues = body.get("topic"), body.get("queues", 8)
+        topic, queues, perm = body.get("topic"), body.get("queues", 8), body.get("perm", 6)
         if not isinstance(topic, str) or not topic or not isinstance(queues, int) or queues <= 0:
             return _error(request, 400, "INVALID_TOPIC", "need {topic: str, queues: int > 0}")
+        try:
+            check_user_topic(topic)   # brokers reject anything else, so the topic could never reach them
+        except StoreError as e:
+            return _error(request, 400, "INVALID_TOPIC", str(e))
+        if queues > MAX_QUEUES_PER_TOPIC:
+            return _error(request, 400, "INVALID_TOPIC", f"queues must be at most {MAX_QUEUES_PER_TOPIC}")
+        if not isinstance(perm, int) or isinstance(perm, bool) or perm & ~PERM_DEFAULT or perm < 0:
+            return _error(request, 400, "INVALID_TOPIC", "perm must combine read (4) and write (2)")
         st = self.sm.snapshot()
         groups = body.get("groups") or sorted(st["groups"])
+        if not isinstance(groups, list) or not all(isinstance(g, str) and g for g in groups):
+            return _error(request, 400, "INVALID_TOPIC", "groups must be a list of group names")
         if not groups:
             return _error(request, 409, "NO_BROKER_GROUP", "no broker group has registered yet", True)
         version = st["topics"].get(topic, {}).get("version", 0) + 1
-        op = {"op": "create_topic", "topic": topic, "queues": queues, "perm": int(body.get("perm", 6)),
+        op = {"op": "create_topic", "topic": topic, "queues": queues, "perm": perm,
               "assign": assign_queues(queues, list(groups)), "version": version}
         await self.propose(op)
         return _reply(request, route_of(self.sm.snapshot(), topic), 201)
@@ -236,7 +248,8 @@ class Controller:
         for op in ops_for_heartbeat(st, hb):
             self.propose_once(op)
         reply = heartbeat_reply(st, hb.group, hb.broker_id)
-        reply.update(controller_leader=self.sm.is_leader(), leader=self.leader_api())
+        reply.update(controller_leader=self.sm.is_leader(), leader=self.leader_api(),
+                     topic_perms={t: st["topics"][t].get("perm", 6) for t in reply["topics"]})
         return _reply(request, reply)
 
 
@@ -295,12 +308,36 @@ def main(argv: list[str] | None = None) -> int:
 # Broker side
 # ===================================================================================
 
+def topics_of_reply(reply: dict) -> dict[str, tuple[int, int]]:
+    """`{topic: (queues, perm)}` a heartbeat reply holds for this broker's group. The reply names
+    the global queue ids the group serves, so the broker needs ids 0..max; malformed entries are
+    dropped, and at most MAX_TOPICS_PER_REPLY are kept."""
+    topics, perms = reply.get("topics"), reply.get("topic_perms")
+    if not isinstance(topics, dict):
+        return {}
+    perms = perms if isinstance(perms, dict) else {}
+    out: dict[str, tuple[int, int]] = {}
+    for name, qids in topics.items():
+        if len(out) >= MAX_TOPICS_PER_REPLY:
+            log.warning("controller client: reply holds %d topics; applying the first %d",
+                        len(topics), MAX_TOPICS_PER_REPLY)
+            break
+        if not (isinstance(name, str) and isinstance(qids, list) and qids
+                and all(isinstance(q, int) and not isinstance(q, bool) and q >= 0 for q in qids)):
+            continue
+        perm = perms.get(name, PERM_DEFAULT)
+        out[name] = (max(qids) + 1, perm if isinstance(perm, int) and not perm & ~PERM_DEFAULT else PERM_DEFAULT)
+    return out
+
+
 class ControllerClient:
     """Heartbeats every controller about once a second and acts on the freshest answer.
 
-    `beat()` builds the heartbeat body; `on_reply(reply)` applies it (HALog.on_controller_reply,
-    plus topic updates for the broker). Replies are ranked by epoch, the leader's first, so a
-    lagging follower controller cannot move the broker backwards.
+    `beat()` builds the heartbeat body; `on_reply(reply)` applies it (HALog.on_controller_reply).
+    Replies are ranked by epoch, the leader's first, so a lagging follower controller cannot move
+    the broker backwards. When `topic_sink` is set (the broker's apply_controller_topics), the
+    reply's topics go to it in a background task, one at a time, so creating topics never delays
+    the heartbeats.
     """
 
     def __init__(self, controller_addrs: list[str], beat: Callable[[], dict],
@@ -315,15 +352,18 @@ class ControllerClient:
         self.failures = 0
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.topic_sink: Callable[[dict[str, tuple[int, int]]], Awaitable[Any]] | None = None
+        self._topic_task: asyncio.Task | None = None
 
     def start(self) -> None:
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         self._task = asyncio.get_running_loop().create_task(self._run(), name="controller-heartbeat")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._topic_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
 
@@ -344,7 +384,25 @@ class ControllerClient:
         best = max(replies, key=lambda r: (int(r.get("epoch") or 0), bool(r.get("controller_leader"))))
         self.last_reply = best
         await self.on_reply(best)
+        self._sync_topics(best)
         return best
+
+    def _sync_topics(self, reply: dict) -> None:
+        """Hand the reply's topics to `topic_sink`, unless the previous batch is still being applied
+        (the next heartbeat brings them again)."""
+        if self.topic_sink is None or (self._topic_task is not None and not self._topic_task.done()):
+            return
+        wanted = topics_of_reply(reply)
+        if wanted:
+            self._topic_task = asyncio.get_running_loop().create_task(self._apply_topics(wanted),
+                                                                      name="controller-topics")
+
+    async def _apply_topics(self, wanted: dict[str, tuple[int, int]]) -> None:
+        assert self.topic_sink is not None
+        try:
+            await self.topic_sink(wanted)
+        except (StoreError, OSError, RuntimeError, asyncio.TimeoutError) as e:   # retried on the next beat
+            log.warning("controller client: applying topics failed: %r", e)
 
     async def _run(self) -> None:
         while True:

@@ -39,6 +39,7 @@ from node.store import layout as L
 from node.store.errors import CorruptRecord, NotLeader, StoreFatal
 from node.store.fileio import FileSystem
 from node.store.message import MessageDraft
+from node.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -83,29 +84,6 @@ class HALogConfig:
         self.timings.validate()
 
 
-class _Signal:
-    """One shared future per generation: waiters do not grow memory, `fire` wakes them all."""
-
-    def __init__(self) -> None:
-        self._fut: asyncio.Future | None = None
-
-    def fire(self) -> None:
-        fut, self._fut = self._fut, None
-        if fut is not None and not fut.done():
-            fut.set_result(None)
-
-    async def wait(self, timeout_s: float) -> None:
-        if self._fut is None:
-            self._fut = asyncio.get_running_loop().create_future()
-        try:
-            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that races `fire`
-            # (a stopping SYNC_MASTER waiter or slave reader would then run on).
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                await asyncio.shield(self._fut)
-        except TimeoutError:
-            pass
-
-
 class HALog:
     """Classic HA ReplicatedLog over a LocalLog in `<store_root>/commitlog/`."""
 
@@ -132,8 +110,8 @@ class HALog:
         self._boundary = 0                      # slave: end of the last complete record received
         self._slave_committed = 0               # slave: committed position (boundary, flushed if SYNC_FLUSH)
         self._pending_epochs: list[EpochEntry] = []   # slave: master epochs whose bytes have not arrived yet
-        self._acks = _Signal()                  # fired on every slave report (SYNC_MASTER waiters)
-        self._grown = _Signal()                 # fired when the slave's committed position grows
+        self._acks = Wakeup()                  # fired on every slave report (SYNC_MASTER waiters)
+        self._grown = Wakeup()                 # fired when the slave's committed position grows
         self._role_lock = asyncio.Lock()
         self.truncate_listeners: list[Callable[[int], None]] = []   # e.g. consume queues, index
         # Told the new first offset when the slave's log restarts further on (an empty slave starting

@@ -83,6 +83,7 @@ async def start_controller_reporter(broker, config):
         return None
 
     client = ControllerClient(addrs, lambda: dledger_heartbeat(config, broker.log), ignore)
+    client.topic_sink = broker.apply_controller_topics   # the leader creates the controller's topics
     client.start()
     log.info("reporting DLedger role to controller(s) %s", addrs)
     return client

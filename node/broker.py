@@ -31,7 +31,7 @@ from node.replicated_log import PutResult, ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
 from node.store.errors import (ApplyTimeout, BadRequest, CorruptRecord, InvalidMessage, MessageNotFound,
-                               MessageTooLarge, NoPermission, StoreError, TopicNotExist)
+                               MessageTooLarge, NoPermission, NotLeader, StoreError, TopicNotExist)
 from node.store.message import MessageDraft, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -328,6 +328,9 @@ class Broker:
                        asyncio.create_task(self._guard("offset-snapshot", self._snapshot_loop)),
                        asyncio.create_task(self._guard("schedule", self.services.schedule.run))]
         self.ready = True
+        client = getattr(self.log, "controller_client", None)
+        if client is not None:   # classic HA with a controller: apply the topics its heartbeats carry
+            client.topic_sink = self.apply_controller_topics
         log.info("broker ready", extra={"topics": len(self.topics), "committed": self.log.committed_position})
 
     async def stop(self) -> None:
@@ -481,6 +484,34 @@ class Broker:
         if self.topics.get(topic) != cfg:
             await self._append_system(SYS_TOPIC_CONFIG, cfg.to_dict())
         return self.topics[topic]
+
+    async def apply_controller_topics(self, wanted: dict[str, tuple[int, int]]) -> list[str]:
+        """Create, or grow to `queues`, the topics the controller holds for this group
+        (`{topic: (queues, perm)}`); never deletes or shrinks. Only a writer (standalone,
+        master, leader) writes; its replicas get the topics through the log. Returns the
+        topics created or grown."""
+        done: list[str] = []
+        for topic, (queues, perm) in sorted(wanted.items()):
+            if not self.ready or self.log.role() not in ("STANDALONE", "MASTER", "LEADER"):
+                break
+            cur = self.topics.get(topic)
+            if cur is not None and min(cur.read_queue_nums, cur.write_queue_nums) >= queues:
+                continue
+            try:
+                if cur is None:
+                    await self.create_topic(topic, queues, perm)
+                else:   # grow the queues, keep the broker's perm
+                    await self.create_topic(topic, perm=cur.perm, read_queues=max(cur.read_queue_nums, queues),
+                                            write_queues=max(cur.write_queue_nums, queues))
+            except NotLeader:
+                break
+            except StoreError as e:
+                log.warning("controller topic %r not applied: %s", topic, e)
+                continue
+            done.append(topic)
+        if done:
+            log.info("applied controller topics", extra={"topics": done})
+        return done
 
     def list_topics(self) -> list[TopicConfig]:
         return [self.topics[t] for t in sorted(self.topics)]

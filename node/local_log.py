@@ -36,6 +36,7 @@ from node.store.message import MessageDraft, host_bytes
 from node.store.queue_offsets import QueueOffsetTable
 from node.store.recovery import RecoveryReport, recover
 from node.store.retention import RetentionDecision, RetentionPolicy
+from node.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class LocalLog:
         self._flush_wanted = asyncio.Event()
         # (end offset, future) per SYNC_FLUSH append, in offset order.
         self._acks: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
-        self._grown: asyncio.Future | None = None   # resolved (and replaced) when committed grows
+        self._grown = Wakeup()                      # fired when committed grows
         self._flusher: asyncio.Task | None = None
         self._disk_ratio = 0.0
         self._disk_checked_at = float("-inf")
@@ -299,21 +300,10 @@ class LocalLog:
         if offset <= self._committed:
             return
         self._committed = offset
-        grown, self._grown = self._grown, None
-        if grown is not None and not grown.done():
-            grown.set_result(offset)
+        self._grown.fire()
 
     async def _wait_growth(self, timeout_s: float) -> None:
-        if self._grown is None:
-            self._grown = asyncio.get_running_loop().create_future()
-        try:
-            # One shared future for every waiter: memory does not grow with the number of waiters.
-            # asyncio.timeout, not wait_for: 3.11's wait_for swallows a cancel that races the
-            # future's completion, and a stopping task then runs on.
-            async with asyncio.timeout(max(0.0, timeout_s)):
-                await asyncio.shield(self._grown)
-        except TimeoutError:
-            pass
+        await self._grown.wait(timeout_s)
 
     # --- for a log built on top of this one (ha.HALog: a slave appends pushed bytes) ----------
     @property

@@ -100,6 +100,13 @@ class Node:
     api: str | None             # 127.0.0.1:<published port>, None while stopped
 
 
+def service_healthy(kind: str, health: dict | None) -> bool:
+    """A /health answer counts as healthy: any 200 for a broker; for a controller also `ready`."""
+    if health is None:
+        return False
+    return kind != "controller" or health.get("ready") is True
+
+
 class Cluster:
     def __init__(self, project: str = PROJECT):
         self.project = project
@@ -167,21 +174,21 @@ class Cluster:
             time.sleep(0.2)
 
     def wait_healthy(self, services, timeout_s: float = 90.0) -> float:
-        """Seconds until every service answers /health with 200 (refreshing ports as they appear)."""
+        """Seconds until every service answers /health with 200 (refreshing ports as they appear);
+        a controller also has to report `ready` (its Raft state machine caught up), since one that
+        is not ready never decides anything and a classic master would never be replaced."""
         t0 = time.monotonic()
         pending = list(services)
         while pending:
             self.refresh()
-            pending = [s for s in pending if self.health(s) is None and not self._controller_up(s)]
+            pending = [s for s in pending if not service_healthy(self.nodes[s].kind, self.health(s))]
             if not pending:
                 break
             if time.monotonic() - t0 > timeout_s:
-                raise DrillError(f"not healthy after {timeout_s:.0f} s: {pending}; see `docker logs`")
+                raise DrillError(f"not healthy after {timeout_s:.0f} s: {pending} (a controller must report "
+                                 f"ready=true in /health); see `docker logs`")
             time.sleep(0.5)
         return time.monotonic() - t0
-
-    def _controller_up(self, service: str) -> bool:
-        return self.nodes[service].kind == "controller" and self.health(service) is not None
 
     def wait_converged(self, group: str, timeout_s: float = 60.0) -> float | None:
         """Seconds until every replica of `group` is healthy with one committed offset, else None."""

@@ -16,7 +16,7 @@ import time
 import uuid
 
 from deploy.drills import checker, report, storeaudit
-from deploy.drills.cluster import GROUPS, Cluster, DrillError, http_json
+from deploy.drills.cluster import CONTROLLERS, GROUPS, Cluster, DrillError, http_json
 from deploy.drills.scenarios import Scenario
 from deploy.drills.workload import History, Workload, drain
 
@@ -73,7 +73,8 @@ def _load_avg() -> float | None:
 def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 10.0, rate_per_s: float = 40.0,
         store_audit: bool = True, cluster: Cluster | None = None) -> dict:
     c = cluster or Cluster()
-    c.wait_healthy([*GROUPS[sc.group]], timeout_s=90)
+    # a classic group fails over through the controllers, so they must be ready too
+    c.wait_healthy([*GROUPS[sc.group], *(CONTROLLERS if sc.group == "broker-b" else ())], timeout_s=90)
     leader = c.leader(sc.group)
     topic = f"drill_{sc.name}_{uuid.uuid4().hex[:6]}"
     st, doc = http_json("POST", f"http://{c.nodes[leader].api}/topics", {"topic": topic, "queues": QUEUES}, timeout=10)

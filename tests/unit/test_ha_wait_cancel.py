@@ -1,5 +1,5 @@
-"""Shared-future waits under cancellation: HALog's `_Signal.wait` (SYNC_MASTER ack waiters,
-the slave's wait for growth) and LocalLog's `_wait_growth` (disk-full back-pressure).
+"""Shared-future waits under cancellation: `node.wakeup.Wakeup.wait` (HALog's SYNC_MASTER ack
+waiters, the slave's wait for growth) and LocalLog's `_wait_growth` (disk-full back-pressure).
 
 Regression: both waited with `asyncio.wait_for(asyncio.shield(fut), t)`. In Python 3.11
 wait_for returns the inner result when the future completes in the same loop turn as a
@@ -15,13 +15,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from ha.ha_log import _Signal
 from node.local_log import LocalLog
+from node.wakeup import Wakeup
 
 
 def test_signal_cancel_racing_fire_is_not_swallowed():
     async def scenario():
-        sig = _Signal()
+        sig = Wakeup()
         waiter = asyncio.create_task(sig.wait(5.0))
         await asyncio.sleep(0)        # the waiter blocks on the shared future
         sig.fire()                    # the future resolves ...
@@ -33,7 +33,7 @@ def test_signal_cancel_racing_fire_is_not_swallowed():
 
 def test_signal_wakes_every_waiter_or_times_out():
     async def scenario():
-        sig = _Signal()
+        sig = Wakeup()
         waiters = [asyncio.create_task(sig.wait(5.0)) for _ in range(3)]
         await asyncio.sleep(0)
         sig.fire()
@@ -55,7 +55,7 @@ def test_signal_wakes_every_waiter_or_times_out():
 
 
 def _local_stub() -> SimpleNamespace:
-    return SimpleNamespace(_grown=None, _committed=0)
+    return SimpleNamespace(_grown=Wakeup(), _committed=0)
 
 
 def test_local_log_wait_growth_cancel_racing_growth_is_not_swallowed():
