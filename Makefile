@@ -8,7 +8,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SEEDS   ?= 1000
 RUN_DIR ?= /tmp/mqstore-run
 
-.PHONY: install run test test-fast bench sim up drill down clean lint image test-docker
+.PHONY: install run test test-fast bench sim up drill down clean lint image test-docker fuzz
 
 install: $(STAMP)
 
@@ -39,6 +39,12 @@ bench: install        ## benchmarks, JSON on stdout (NATS JetStream anchors need
 sim: install          ## deterministic simulation over many seeds
 	$(BIN)/python -m tests.sim.run --seeds $(SEEDS)
 
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= message dledger_entry entry_store consume_queue index_file ha_protocol raft_codec raft_transport rest_api rest_app
+fuzz: install         ## every atheris harness for FUZZ_SECONDS each (finds go to /tmp/mqstore-fuzz/<target>)
+	@for t in $(FUZZ_TARGETS); do echo "== fuzz.$$t ($(FUZZ_SECONDS) s)"; \
+	  $(BIN)/python -m fuzz.$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; done
+
 IMAGE   ?= mqstore:latest
 PROJECT ?= mqstore
 DRILL   ?= kill_leader kill_master
@@ -58,6 +64,16 @@ down:                 ## stop the compose cluster (volumes kept; `make clean` re
 
 drill: install        ## failover drills against the running cluster (DRILL="kill_leader ..." or all)
 	$(DRILLS) $(DRILL)
+
+.PHONY: drill-netns drill-matrix
+drill-netns: install  ## the same drills without Docker: processes in network namespaces (root; DRILL=...)
+	@command -v iptables >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq iptables >/dev/null; } || \
+	  echo "note: the netns tier needs root, iproute2 and iptables" >&2
+	$(DRILLS) --tier netns $(DRILL)
+
+DRILL_SECONDS ?= 180
+drill-matrix: install ## every scenario for DRILL_SECONDS of load each; table in reports/drill-matrix.{md,json}
+	$(BIN)/python -m deploy.drills.matrix --project $(PROJECT) --seconds $(DRILL_SECONDS)
 
 test-docker: install  ## docker-marked tests: brings the compose cluster up and runs a drill
 	deploy/ensure-docker.sh

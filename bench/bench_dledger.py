@@ -19,7 +19,9 @@ follow bench_store.figure(): value, unit, target, anchor, ratio_to_anchor, meets
 The 1-minute load average is recorded with every figure: the machine is shared. Each load
 case also reports `cpu_us_per_msg` (CPU time of every node process and of the client per
 acknowledged message, from /proc): it moves far less with other load than msg/s does, and
-comparing the per-request and batched cases shows what one HTTP request costs.
+comparing the per-request and batched cases shows what one HTTP request costs. From it
+come `leader_one_core_msgs_s` (the leader's CPU per message on one free core) and
+`group_all_cores_msgs_s` (the three nodes' CPU per message on all of this machine's cores).
 A leader change during a case is followed (NOT_LEADER hint) and counted in `leader_changes`;
 ERROR lines from the nodes' logs are attached as `node_errors_<flush>`.
 """
@@ -99,7 +101,14 @@ class CpuMeter:
         if msgs <= 0:
             return {}
         out = {k: round((cpu_seconds(p) - self.start[k]) * 1e6 / msgs, 1) for k, p in self.procs.items()}
+        nodes_us = sum(out.values())
         out["client"] = round((time.process_time() - self.client0) * 1e6 / msgs, 1)
+        # What the CPU per message allows when the load is not shared with anyone else: the
+        # leader alone on one core, and the whole group (3 nodes, no client) on this machine's cores.
+        out["nodes_total"] = round(nodes_us, 1)
+        leader_us = out.get("leader") or 0.0
+        out["leader_one_core_msgs_s"] = round(1e6 / leader_us) if leader_us else None
+        out["group_all_cores_msgs_s"] = round((os.cpu_count() or 1) * 1e6 / nodes_us) if nodes_us else None
         return out
 
 

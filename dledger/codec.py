@@ -4,7 +4,9 @@ A message is encoded as `[type name, field, field, ...]`. Field kinds come from 
 type hints of the dataclasses in `dledger.messages`, so a new message type needs no
 change here: an enum field travels as its value, a nested dataclass (Entry) as its
 field array, and `tuple[Entry, ...]` as an array of those. Nested values are plain
-arrays, not ext types, because the per-entry cost of Append decides throughput.
+arrays, not ext types, because the per-entry cost of Append decides throughput. A bytes
+field (FetchEntriesResponse.entries, the raw entries a peer sends for repair) travels as
+one msgpack bin.
 
 Decoding rebuilds each dataclass through its own __post_init__ validation; anything
 that does not decode to a registered message raises `CodecError`.
@@ -25,12 +27,12 @@ import dataclasses
 import enum
 import struct
 import typing
-import zlib
 from typing import Any, Callable
 
 import msgpack
 
 from dledger import messages as M
+from node.store.crc import crc32 as _crc32
 
 
 class CodecError(ValueError):
@@ -167,7 +169,7 @@ def encode_append_entries(entries: tuple[M.Entry, ...]) -> bytes:
 
 
 def _encode_entries(entries: tuple[M.Entry, ...]) -> bytes:
-    pack, crc32 = APPEND_ENTRY.pack, zlib.crc32
+    pack, crc32 = APPEND_ENTRY.pack, _crc32
     parts: list[bytes] = []
     for e in entries:
         body = e.body
@@ -182,7 +184,7 @@ def decode_append_entries(blob: Any, prev_index: int) -> tuple[M.Entry, ...]:
         raise CodecError(f"Append entries must be bin, got {type(blob).__name__}")
     if type(prev_index) is not int or prev_index < 0:
         raise CodecError(f"Append prev_index must be an int >= 0, got {prev_index!r}")
-    unpack, crc32, head, n = APPEND_ENTRY.unpack_from, zlib.crc32, APPEND_ENTRY.size, len(blob)
+    unpack, crc32, head, n = APPEND_ENTRY.unpack_from, _crc32, APPEND_ENTRY.size, len(blob)
     types, new, cls = _ENTRY_TYPES, _new, M.Entry
     out: list[M.Entry] = []
     index, at = prev_index, 0

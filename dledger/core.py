@@ -242,6 +242,32 @@ _TRANSITIONS: dict[tuple[PeerState, PeerEvent], PeerState] = {
 }
 
 
+# Proposed entries are built without a per-entry Entry.__post_init__ (about 2 us each on
+# the leader's hot path): _new_entries validates what differs per entry (the body) and,
+# through one full Entry(), what the whole batch shares (index, term, type).
+_NEW = object.__new__
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY = (Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body"))
+
+
+def _new_entries(first: int, term: int, type: EntryType, bodies: Sequence[bytes]) -> list[Entry]:
+    """[Entry(first, term, type, b0), Entry(first + 1, term, type, b1), ...], the same
+    objects and the same InvalidMessage on a bad field as building each with Entry()."""
+    entries = [Entry(first, term, type, bodies[0])]
+    add, new, cls = entries.append, _NEW, Entry
+    index = first
+    for body in bodies[1:]:
+        index += 1
+        if not isinstance(body, bytes):
+            Entry(index, term, type, body)          # raises InvalidMessage, with the words
+        e = new(cls)
+        _SET_INDEX(e, index)
+        _SET_TERM(e, term)
+        _SET_TYPE(e, type)
+        _SET_BODY(e, body)
+        add(e)
+    return entries
+
+
 def next_peer_state(state: PeerState, event: PeerEvent) -> PeerState:
     try:
         return _TRANSITIONS[(state, event)]
@@ -319,6 +345,10 @@ class RaftCore:
         self._transfer_elapsed = 0
         self._timeout_now_sent = False
         self._preferred_backoff = 0
+        # Set by the shell while a committed range of this log is known corrupt (dledger/repair.py):
+        # the node does not campaign (a leader must be able to serve every committed entry) but
+        # still votes, since its last index/term, which votes compare, are unchanged.
+        self.campaign_blocked = False
 
         self._parked: dict[int, Append] = {}  # follower: first index -> out-of-order push
         self._ack_due = False
@@ -441,7 +471,7 @@ class RaftCore:
         if uncommitted > self._cfg.max_uncommitted_entries:
             raise ProposalDropped(uncommitted, self._cfg.max_uncommitted_entries)
         first = self._log.last_index() + 1
-        entries = [Entry(first + offset, self._term, type, body) for offset, body in enumerate(bodies)]
+        entries = _new_entries(first, self._term, type, bodies)
         self._log.append(entries)
         self._check_invariants()
         return first, entries[-1].index
@@ -542,6 +572,11 @@ class RaftCore:
         return self._leader is not None and self._election_elapsed < self._cfg.election_timeout_ticks_min
 
     def _campaign(self, pre_vote: bool, transfer: bool = False) -> None:
+        if self.campaign_blocked:
+            if self._role is not Role.LEADER:
+                self._role = Role.FOLLOWER
+            self._reset_election_timer()
+            return
         if pre_vote:
             self._role = Role.PRE_CANDIDATE
             vote_term = self._term + 1  # what we would use; nobody adopts it yet

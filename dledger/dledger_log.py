@@ -26,11 +26,13 @@ import asyncio
 import collections
 import logging
 import socket
+import struct
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from dledger.core import NotLeader as CoreNotLeader
+from dledger.core import ProposalDropped
 from dledger.core import Ready, Role
 from dledger.entry import HEADER_SIZE
 from dledger.entry_store import EntryStore, place_entry
@@ -38,18 +40,30 @@ from dledger.messages import EntryType
 from dledger.shell import RaftNode
 from node.replicated_log import PutResult, PutStatus, ScanBatch, ScannedRecord
 from node.store import layout as L
-from node.store.errors import NotLeader, StoreFatal
-from node.store.message import MessageDraft, encode_record
+from node.store.errors import InvalidMessage, NotLeader, StoreError, StoreFatal
+from node.store.message import MessageDraft
 from node.store.queue_offsets import QueueOffsetTable
+from node.store.scrub import CorruptData, CorruptionRegistry, CorruptRange
+from dledger import repair as R
 
 log = logging.getLogger(__name__)
 
 _ROLE_NAMES = {Role.LEADER: "LEADER", Role.FOLLOWER: "FOLLOWER", Role.CANDIDATE: "CANDIDATE",
                Role.PRE_CANDIDATE: "CANDIDATE"}
 _REPLAY_BATCH_BYTES = 8 << 20
+_STARTUP_REPAIR_WAIT_S = 5.0     # start() waits this long for peers to repair what recovery found
 _MSG_QID_AT = L.MESSAGE_FIELD_OFFSET["queue_id"]
 _MSG_QOFF_AT = L.MESSAGE_FIELD_OFFSET["queue_offset"]
 _MSG_BODYLEN_AT = L.MESSAGE_FIELD_OFFSET["body_len"]
+
+
+class ReplicationBusy(StoreError):
+    """Too many entries await a majority (max_uncommitted_entries): the batch was not
+    proposed (none of it is stored); retry shortly."""
+
+    code = "SYSTEM_BUSY"
+    retriable = True
+    http_status = 503
 
 
 @dataclass(slots=True)
@@ -88,14 +102,93 @@ class DLedgerLog:
         self._leader_id: str | None = None
         self._term = 0
         self.leader_changes = 0          # times a new leader became known (metrics)
+        # Corrupt committed entries (dledger/repair.py): not served, not dispatched past, no campaign
+        # while any is known; repaired in place from a peer.
+        self.corruption = CorruptionRegistry()
+        self.corruption.listeners.append(self._on_corrupt)
+        self.repairer = R.Repairer(self, self.corruption,
+                                   [k for k in peer_api_addrs if k != getattr(node, "node_id", None)])
+        node.side_handler = self.repairer.on_message   # FetchEntries/-Response: the Raft peer channel
+        self._repair_task: asyncio.Task | None = None
+        self._scan_floor = 0             # highest position the dispatcher scanned from
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         await self.node.start()
+        self._repair_task = asyncio.create_task(self.repairer.run(), name=f"repair-{self.node.node_id}")
+        if self.corruption:
+            await self._await_repair(_STARTUP_REPAIR_WAIT_S)
+
+    async def _await_repair(self, timeout_s: float) -> None:
+        """Recovery found damage: give the repair a bounded moment before the broker dispatches, so the
+        consume queues need not be held (and rebuilt) at the damaged entry."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.corruption and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        if self.corruption:
+            log.warning("dledger %s: %d corrupt range(s) not repaired within %.1f s of start; dispatch holds "
+                        "before the first one until it is", self.node.node_id, len(self.corruption), timeout_s)
 
     async def stop(self) -> None:
         self._fail_pending(0, "node stopping")
+        if self._repair_task is not None:
+            self._repair_task.cancel()
+            await asyncio.gather(self._repair_task, return_exceptions=True)
+            self._repair_task = None
         await self.node.stop()
+
+    # --- corruption (dledger/repair.py) ----------------------------------------------------
+    def scrub_source(self) -> R.EntryScrubSource:
+        return R.EntryScrubSource(self)
+
+    def _on_corrupt(self, r: CorruptRange) -> None:
+        core = self.node.core
+        if core is not None:
+            core.campaign_blocked = True
+        self.repairer.wake()
+        if self._role is Role.LEADER:
+            asyncio.get_running_loop().call_soon(self._hand_over_leadership)
+
+    def _hand_over_leadership(self) -> None:
+        """A leader with a corrupt committed range hands over to its most caught-up peer."""
+        core = self.node.core
+        if core is None or not self.corruption or core.role is not Role.LEADER:
+            return
+        peers = [p for p in core.peers if core.match_index(p) is not None]
+        if not peers:
+            return
+        target = max(peers, key=lambda p: core.match_index(p) or 0)
+        try:
+            self.node.transfer_leadership(target)
+            log.warning("dledger %s: corrupt committed data here; leadership handed to %s", self.node.node_id, target)
+        except (CoreNotLeader, ValueError, AssertionError, StoreFatal) as e:
+            log.warning("dledger %s: could not hand leadership over: %s", self.node.node_id, e)
+
+    def on_repaired(self, r: CorruptRange, rec, raw: bytes, how: str) -> None:
+        self.corruption.clear(r.start, how)
+        self.store.damaged.pop(r.index, None)
+        if rec.magic == L.ENTRY_MAGIC_NORMAL and rec.index <= self._applied_index \
+                and len(raw) - HEADER_SIZE >= L.MESSAGE_OVERHEAD:
+            _fold_record(self._applied_table, raw[HEADER_SIZE:])   # skipped at replay; max() makes it idempotent
+        if not self.corruption and self.node.core is not None:
+            self.node.core.campaign_blocked = False
+        self._commit_changed.set()       # the dispatcher may continue past the repaired range
+        self._commit_changed = asyncio.Event()
+
+    def _damage(self, pos: int, raw: bytes, found_by: str, index: int | None) -> CorruptData:
+        problem = R.body_crc_problem(raw) if len(raw) >= HEADER_SIZE else None
+        seg = self.store.data.segment_for(pos)
+        size = int.from_bytes(raw[4:8], "big", signed=True) if len(raw) >= 8 else 0
+        try:   # trust the header's index only if the index file puts that entry here
+            rec = self.store.entry_at(index) if index is not None else None
+            index, size = (index, rec.size) if rec is not None and rec.pos == pos else (None, size)
+        except (KeyError, StoreFatal):
+            index = None
+        self.corruption.report(CorruptRange(seg.path if seg is not None else self.store.data.directory, pos,
+                                            pos + max(size, HEADER_SIZE), problem[0] if problem else None,
+                                            problem[1] if problem else None, found_by,
+                                            "entry body crc mismatch" if problem else "entry header damaged", index))
+        return CorruptData(pos + HEADER_SIZE, "entry failed its CRC check; not served until repaired from a peer")
 
     def init_queue_offsets(self, table: dict) -> None:
         """Accepted and ignored: the DLedger log derives queue offsets from its own entries."""
@@ -103,6 +196,8 @@ class DLedgerLog:
     # --- ReadyListener -------------------------------------------------------------------
     def on_recovered(self, node: RaftNode) -> None:
         s = self.store
+        for d in sorted(s.damaged.values(), key=lambda d: d.index):
+            self.corruption.report(R.damage_range(s, d, "recovery"))
         known = min(max(s.meta.committed, s.first_index() - 1), s.last_index())
         self._applied_index = s.first_index() - 1
         self._replay(self._applied_table, self._applied_index + 1, known)
@@ -176,13 +271,17 @@ class DLedgerLog:
         self._commit_changed = asyncio.Event()
 
     def _replay(self, table: QueueOffsetTable, lo: int, hi: int) -> None:
-        """Fold NORMAL entries lo..hi (inclusive) into `table`."""
+        """Fold NORMAL entries lo..hi (inclusive) into `table` (corrupt ones when repaired)."""
+        skip = sorted(r.index for r in self.corruption.ranges() if r.index is not None) if self.corruption else []
         i = lo
         while i <= hi:
-            batch = self.store.entries(i, hi + 1, _REPLAY_BATCH_BYTES)
-            for e in batch:
-                if e.type is EntryType.NORMAL and len(e.body) >= L.MESSAGE_OVERHEAD:
-                    _fold_record(table, e.body)
+            if skip and skip[0] <= i:
+                i = max(i, skip.pop(0) + 1)
+                continue
+            stop = min(hi + 1, skip[0]) if skip else hi + 1
+            batch = self.store.entries(i, stop, _REPLAY_BATCH_BYTES)
+            _fold_records(table, [e.body for e in batch
+                                  if e.type is EntryType.NORMAL and len(e.body) >= L.MESSAGE_OVERHEAD])
             i += len(batch)
 
     def _end_of(self, index: int) -> int:
@@ -204,42 +303,90 @@ class DLedgerLog:
     # --- writes ---------------------------------------------------------------------------
     async def append(self, drafts: Sequence[MessageDraft]) -> list[PutResult]:
         """Leader only: assign offsets, propose, wait for the majority commit."""
+        status, now, placed = await self.append_packed(drafts)
+        return [PutResult(status, phys, size, qoff, now) for phys, size, qoff in placed]
+
+    async def append_packed(self, drafts: Sequence[MessageDraft]) -> tuple[PutStatus, int, list[tuple[int, int, int]]]:
+        """`append` without a result object per message: the batch's status and store time,
+        and `(physical_offset, size, queue_offset)` per draft (the broker's batched path)."""
         if self.node.fatal is not None:
             raise StoreFatal(f"the DLedger store stopped: {self.node.fatal}")
         if self._writable_term is None:
             raise NotLeader(leader=self.leader())
-        if not drafts:
-            return []
         now = int(time.time() * 1000)
-        bodies, results, assigned, tail = self._encode(drafts, now)
+        if not drafts:
+            return PutStatus.SEND_OK, now, []
+        bodies, results, qoffs, tail = self._encode(drafts, now)
         try:
+            self._check_room(len(bodies))
             first, last = self._propose(bodies)
-        except CoreNotLeader as e:
-            self._table.rewind(assigned)
+        except CoreNotLeader as e:   # e.g. a leadership transfer in progress: nothing was proposed
+            self._table.rewind(drafts, qoffs)
             raise NotLeader(str(e), leader=self.peer_api_addrs.get(e.leader) if e.leader else None) from None
+        except (ProposalDropped, ReplicationBusy) as e:
+            self._table.rewind(drafts, qoffs)
+            raise ReplicationBusy(str(e)) from None
         self._tail_pos = tail
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(first, last, self._writable_term, fut))
         try:
             await asyncio.wait_for(asyncio.shield(fut), self.append_timeout_s)
         except asyncio.TimeoutError:
-            return [PutResult(PutStatus.FLUSH_SLAVE_TIMEOUT, *r) for r in results]
-        return [PutResult(PutStatus.SEND_OK, *r) for r in results]
+            return PutStatus.FLUSH_SLAVE_TIMEOUT, now, results
+        return PutStatus.SEND_OK, now, results
+
+    def _check_room(self, n: int) -> None:
+        """Refuse, before anything is proposed, a batch the core would drop part-way through
+        (max_uncommitted_entries): all of a batch is proposed, or none of it."""
+        core = self.node.core
+        if core is None:
+            return
+        uncommitted = core.last_index - core.commit_index
+        limit = self.node.raft_config.max_uncommitted_entries
+        if uncommitted + n > limit:
+            raise ReplicationBusy(f"{uncommitted} entries await a majority; {n} more would exceed "
+                                  f"max_uncommitted_entries {limit}; retry shortly")
 
     def _encode(self, drafts: Sequence[MessageDraft], now: int):
-        """Records with their final offsets; positions follow the store's placement rule."""
+        """Records with their final offsets; positions follow the store's placement rule.
+
+        Returns (bodies, [(phys, size, queue offset)], queue offsets, tail). One tight loop:
+        queue offsets for the whole batch at once, the header packed inline (the bytes of
+        `encode_record`), `place_entry` called only when a file may roll. On any error the
+        queue offsets are given back."""
+        qoffs = self._table.assign_batch(drafts)
+        try:
+            bodies, results, tail = self._encode_records(drafts, qoffs, now)
+        except struct.error as e:
+            self._table.rewind(drafts, qoffs)
+            raise InvalidMessage(f"a message field is out of range: {e}") from None
+        except BaseException:
+            self._table.rewind(drafts, qoffs)
+            raise
+        return bodies, results, qoffs, tail
+
+    def _encode_records(self, drafts: Sequence[MessageDraft], qoffs: list[int], now: int):
         seg = self.store.segment_size
         tail = self._tail_pos
-        bodies, results, assigned = [], [], []
-        for d in drafts:
-            pos = place_entry(tail, HEADER_SIZE + d.total_size, seg)
-            qo = self._table.assign(d)
-            assigned.append((d, qo))
-            phys = pos + HEADER_SIZE
-            bodies.append(encode_record(d, qo, phys, now, self.store_ip, self.store_port))
-            results.append((phys, d.total_size, qo, now))
-            tail = phys + d.total_size
-        return bodies, results, assigned, tail
+        pack, magic, ip, port = L.MESSAGE_HEADER.pack, L.MESSAGE_MAGIC, self.store_ip, self.store_port
+        blank = L.ENTRY_BLANK.size
+        bodies: list[bytes] = []
+        results: list[tuple[int, int, int]] = []
+        add_body, add_result = bodies.append, results.append
+        for d, qo in zip(drafts, qoffs):
+            size = d.total_size
+            assert size > 0, "draft not sealed"
+            entry_size = HEADER_SIZE + size
+            if entry_size + blank <= seg - tail % seg:
+                phys = tail + HEADER_SIZE           # fits in the current file (place_entry's rule)
+            else:
+                phys = place_entry(tail, entry_size, seg) + HEADER_SIZE
+            add_body(pack(size, magic, d.body_crc, d.queue_id, d.flag, qo, phys, d.sys_flag, d.born_timestamp,
+                          d.born_ip, d.born_port, now, ip, port, d.reconsume_times, d.prepared_tx_offset,
+                          len(d.body)) + d.tail)
+            add_result((phys, size, qo))
+            tail = phys + size
+        return bodies, results, tail
 
     def _propose(self, bodies: list[bytes]) -> tuple[int, int]:
         """Propose in core-sized chunks. Nothing can change the role between chunks (no await)."""
@@ -252,7 +399,16 @@ class DLedgerLog:
     # --- reads ------------------------------------------------------------------------------
     @property
     def committed_position(self) -> int:
+        """Committed end, held before a corrupt range the dispatcher has not passed yet."""
+        if self.corruption:
+            r = self.corruption.first_at_or_after(self._scan_floor)
+            if r is not None and r.start < self._committed_pos:
+                return max(r.start, self._scan_floor)
         return self._committed_pos
+
+    @property
+    def commit_index(self) -> int:
+        return self._commit_index
 
     @property
     def min_position(self) -> int:
@@ -264,9 +420,17 @@ class DLedgerLog:
 
     def scan(self, position: int, max_bytes: int) -> ScanBatch:
         """Committed NORMAL bodies from `position` (an entry or blank start), ~max_bytes of them."""
-        limit = self._committed_pos
+        spans, pos = self.scan_spans(position, max_bytes)
+        return ScanBatch(tuple([ScannedRecord(phys, buf[at:at + size]) for buf, at, phys, size in spans]), pos)
+
+    def scan_spans(self, position: int, max_bytes: int) -> tuple[list[tuple[bytes, int, int, int]], int]:
+        """`scan` without a copy per record (the dispatcher's batched path): `(buffer, start,
+        physical_offset, size)` per NORMAL body, the body being `buffer[start:start + size]`,
+        and the position to continue from."""
+        self._scan_floor = max(self._scan_floor, position)
+        limit = self.committed_position
         pos = max(position, self.store.start_pos)
-        records: list[ScannedRecord] = []
+        records: list[tuple[bytes, int, int, int]] = []
         used = 0
         data = self.store.data
         while pos < limit and used < max_bytes:
@@ -283,7 +447,7 @@ class DLedgerLog:
                 if at + size > len(buf):
                     break
                 if magic == L.ENTRY_MAGIC_NORMAL:
-                    records.append(ScannedRecord(pos + at + HEADER_SIZE, buf[at + HEADER_SIZE:at + size]))
+                    records.append((buf, at + HEADER_SIZE, pos + at + HEADER_SIZE, size - HEADER_SIZE))
                 at += size
                 used += size
             if at == 0:  # one entry larger than what we read: read it whole
@@ -292,22 +456,41 @@ class DLedgerLog:
                 if len(entry) < size:
                     break
                 if magic == L.ENTRY_MAGIC_NORMAL:
-                    records.append(ScannedRecord(pos + HEADER_SIZE, entry[HEADER_SIZE:]))
+                    records.append((entry, HEADER_SIZE, pos + HEADER_SIZE, size - HEADER_SIZE))
                 at, used = size, used + size
             pos += at
-        return ScanBatch(tuple(records), pos)
+        return records, pos
 
     def read(self, physical_offset: int, size: int) -> bytes:
+        """The record at `physical_offset`, its entry's bodyCrc checked before it leaves the node."""
         if physical_offset < self.min_physical_offset or physical_offset + size > self._committed_pos:
             raise KeyError(physical_offset)
-        data = self.store.read_body(physical_offset, size)
-        if len(data) != size:
+        pos = physical_offset - HEADER_SIZE
+        if self.corruption:
+            self.corruption.check(pos, physical_offset + size)
+        raw = self.store.read_body(pos, size + HEADER_SIZE)
+        if len(raw) != size + HEADER_SIZE:
             raise KeyError(physical_offset)
-        return data
+        if int.from_bytes(raw[4:8], "big") != size + HEADER_SIZE or R.body_crc_problem(raw) is not None:
+            raise self._damage(pos, raw, "read", int.from_bytes(raw[8:16], "big"))
+        return raw[HEADER_SIZE:]
+
+    def read_record(self, physical_offset: int) -> bytes:
+        """The record at `physical_offset` without knowing its size (query by id or key)."""
+        pos = physical_offset - HEADER_SIZE
+        if pos < self.store.start_pos or physical_offset > self._committed_pos:
+            raise KeyError(physical_offset)
+        head = self.store.read_body(pos, HEADER_SIZE)
+        if len(head) != HEADER_SIZE:
+            raise KeyError(physical_offset)
+        magic, size, index, _term, rec_pos = L.ENTRY_HEADER.unpack_from(head)[:5]
+        if magic != L.ENTRY_MAGIC_NORMAL or rec_pos != pos or size <= HEADER_SIZE or pos + size > self._committed_pos:
+            raise KeyError(physical_offset)   # not an entry start: a wrong id, not damage
+        return self.read(physical_offset, size - HEADER_SIZE)
 
     async def wait_committed(self, beyond_position: int, timeout_s: float) -> int:
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while self._committed_pos <= beyond_position:
+        while self.committed_position <= beyond_position:
             left = deadline - asyncio.get_running_loop().time()
             if left <= 0:
                 break
@@ -318,7 +501,7 @@ class DLedgerLog:
                     await self._commit_changed.wait()
             except TimeoutError:
                 break
-        return self._committed_pos
+        return self.committed_position
 
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         table = self._table if self._writable_term is not None else self._applied_table
@@ -345,8 +528,32 @@ class DLedgerLog:
         st = self.node.status()
         st.update({"mode": self.mode, "role": self.role(), "leader": self.leader(), "leader_id": self._leader_id,
                    "applied_index": self._applied_index, "committed_position": self._committed_pos,
-                   "writable": self.is_writable, "pending_appends": len(self._pending)})
+                   "writable": self.is_writable, "pending_appends": len(self._pending),
+                   "corrupt_ranges": len(self.corruption),
+                   "campaign_blocked": bool(self.node.core is not None and self.node.core.campaign_blocked)})
         return st
+
+
+def _fold_records(table: QueueOffsetTable, bodies: Sequence[bytes]) -> None:
+    """`_fold_record` over a batch (every committed entry passes here): one header unpack per
+    record, the highest queue offset per queue kept locally, the table touched once per queue.
+    The same result: folding takes a maximum, so the order does not matter."""
+    unpack = L.MESSAGE_HEADER.unpack_from
+    body_at = L.MESSAGE_HEADER.size
+    top: dict[tuple[bytes, int], int] = {}
+    for body in bodies:
+        h = unpack(body, 0)
+        qoff = h[5]
+        if qoff < 0:
+            continue  # prepared / rolled-back transaction message: takes no queue offset
+        at = body_at + h[16]
+        key = (body[at + 1:at + 1 + body[at]], h[3])
+        if qoff > top.get(key, -1):
+            top[key] = qoff
+    for (topic_b, qid), qoff in top.items():
+        topic = topic_b.decode("ascii", "replace")
+        if qoff + 1 > table.get(topic, qid):
+            table.set(topic, qid, qoff + 1)
 
 
 def _fold_record(table: QueueOffsetTable, body: bytes) -> None:

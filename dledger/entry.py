@@ -16,9 +16,9 @@ when it dropped the entries before it).
 from __future__ import annotations
 
 import struct
-import zlib
 from dataclasses import dataclass
 
+from node.store.crc import crc32 as _crc32
 from node.store import layout as L
 from node.store.errors import CorruptRecord
 
@@ -32,7 +32,10 @@ _BODY_CRC_AT = L.ENTRY_FIELD_OFFSET["body_crc"]
 assert _BODY_CRC_AT == _CHAIN_SPAN + 4
 _U32 = struct.Struct(">I")
 _PACK_HEADER = L.ENTRY_HEADER.pack
-_crc32 = zlib.crc32
+# header[0:36] (magic .. channel) followed by body_crc: exactly the bytes chain_crc covers.
+_CHAIN_COVER = struct.Struct(L.ENTRY_HEADER.format[:7] + "I")
+_PACK_CHAIN_COVER = _CHAIN_COVER.pack
+assert _CHAIN_COVER.size == _CHAIN_SPAN + 4
 assert L.ENTRY_FIELD_OFFSET["chain_crc"] == _CHAIN_SPAN
 
 
@@ -54,8 +57,8 @@ class DecodedEntry:
 
 def chain_crc_of(header_prefix: bytes | memoryview, body_crc: int, prev_chain_crc: int) -> int:
     """crc32(header[0:36] + body_crc BE) seeded with the previous entry's chain CRC."""
-    crc = zlib.crc32(header_prefix[:_CHAIN_SPAN], prev_chain_crc)
-    return zlib.crc32(_U32.pack(body_crc), crc)
+    crc = _crc32(header_prefix[:_CHAIN_SPAN], prev_chain_crc)
+    return _crc32(_U32.pack(body_crc), crc)
 
 
 def encode_entry(index: int, term: int, pos: int, magic: int, body: bytes,
@@ -66,7 +69,7 @@ def encode_entry(index: int, term: int, pos: int, magic: int, body: bytes,
     assert term >= 1
     assert pos >= 0
     size = HEADER_SIZE + len(body)
-    body_crc = zlib.crc32(body)
+    body_crc = _crc32(body)
     # Pack once with chain_crc 0 to get the covered prefix, then the real header.
     prefix = L.ENTRY_HEADER.pack(magic, size, index, term, pos, 0, 0, body_crc, len(body))
     chain = chain_crc_of(prefix, body_crc, prev_chain_crc)
@@ -81,9 +84,12 @@ def encode_header(index: int, term: int, pos: int, magic: int, body: bytes,
     The same bytes as encode_entry's header, without copying the body: the store writes
     header and body side by side in one join."""
     body_crc = _crc32(body)
-    head = _PACK_HEADER(magic, HEADER_SIZE + len(body), index, term, pos, 0, 0, body_crc, len(body))
-    chain = _crc32(head[_BODY_CRC_AT:_BODY_CRC_AT + 4], _crc32(head[:_CHAIN_SPAN], prev_chain_crc))
-    return head[:_CHAIN_SPAN] + _U32.pack(chain) + head[_BODY_CRC_AT:], chain
+    n = len(body)
+    size = HEADER_SIZE + n
+    # The chain CRC's 40 covered bytes (header[0:36] + body_crc) packed in one go, then
+    # the header itself: two packs and one CRC call, no slicing or concatenation.
+    chain = _crc32(_PACK_CHAIN_COVER(magic, size, index, term, pos, 0, body_crc), prev_chain_crc)
+    return _PACK_HEADER(magic, size, index, term, pos, 0, chain, body_crc, n), chain
 
 
 def encode_blank(size: int) -> bytes:
@@ -121,7 +127,7 @@ def decode_entry(buf: bytes | memoryview, pos: int, prev_chain_crc: int | None =
     if index < 1 or term < 1:
         raise CorruptRecord(pos, f"bad index/term {index}/{term}")
     body = bytes(buf[at + HEADER_SIZE:at + size])
-    if zlib.crc32(body) != body_crc:
+    if _crc32(body) != body_crc:
         raise CorruptRecord(pos, "entry body crc mismatch")
     if prev_chain_crc is not None:
         prefix = buf[at:at + _CHAIN_SPAN]

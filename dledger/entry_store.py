@@ -37,6 +37,7 @@ from typing import Sequence
 from dledger import entry as E
 from dledger.messages import Entry, EntryType, HardState
 from dledger.raft_storage import Compacted
+from dledger.repair import damaged_body
 from node.store import layout as L
 from node.store.errors import CorruptRecord, StoreError, StoreFatal
 from node.store.fileio import FileSystem
@@ -134,6 +135,7 @@ class _Scan:
     bad_index: int | None = None
     run_starts: list[int] = field(default_factory=list)
     run_terms: list[int] = field(default_factory=list)
+    damaged: list = field(default_factory=list)     # DamagedEntry: committed, body-only damage (kept, not cut)
 
 
 class EntryStore:
@@ -162,6 +164,7 @@ class EntryStore:
         self._cache_pos: list[int] = []
         self._cache_bytes = 0
         self._pos_unknown = False   # after reset_to without a base pos (see reset_to)
+        self.damaged: dict = {}     # index -> DamagedEntry found by recover() (dledger/repair.py)
         self._recovered = False
         # Held by flush() (possibly on a flusher thread) and by everything that cuts or closes files.
         self.flush_lock = threading.Lock()
@@ -271,6 +274,7 @@ class EntryStore:
         end, chain, last_term = self._end_pos, self._last_chain, self._last_term
         seg_size, normal = self.segment_size, EntryType.NORMAL
         encode, pack_index = E.encode_header, L.ENTRY_INDEX.pack
+        unpack_record, record_head, record_magic = L.MESSAGE_HEADER.unpack_from, L.MESSAGE_HEADER.size, L.MESSAGE_MAGIC
         seg_left = seg_size - end % seg_size
         cache_bytes = 0
         for e in entries:
@@ -284,8 +288,10 @@ class EntryStore:
                 chunks.append(E.encode_blank(pos - end) + bytes(pos - end - E.BLANK_SIZE))
                 self._write_data(seg_start, chunks)
                 seg_start, chunks, seg_left = pos, [], seg_size
-            if e.type is normal:
-                _check_record_offset(e, pos)
+            if e.type is normal and size - HEADER >= record_head:   # _check_record_offset, inline
+                rec = unpack_record(body, 0)
+                if rec[1] == record_magic and rec[6] != pos + HEADER:
+                    _check_record_offset(e, pos)   # raises, with the words
             header, chain = encode(e.index, term, pos, e.type, body, chain)
             chunks.append(header)
             chunks.append(body)
@@ -446,6 +452,7 @@ class EntryStore:
         self._end_pos, self._last_chain = scan.end_pos, scan.chain
         self._run_starts, self._run_terms = scan.run_starts, scan.run_terms
         self._flushed_index = scan.last_index
+        self.damaged = {d.index: d for d in scan.damaged}
         self._recovered = True
 
     def _scan(self, m: Meta) -> _Scan:
@@ -491,7 +498,12 @@ class EntryStore:
             try:
                 d = E.decode_entry(buf, p, s.chain, at)
             except CorruptRecord as err:
-                return self._bad(s, p, err), True
+                # A committed entry whose body alone is damaged (header and chain intact) is kept
+                # and repaired from a peer in place (dledger/repair.py): never cut committed data.
+                d = damaged_body(buf, at, p, s.chain, s.last_index + 1, self.meta.durable_mark, err)
+                if d is None:
+                    return self._bad(s, p, err), True
+                s.damaged.append(d)
             if d.index != s.last_index + 1 or d.term < s.last_term:
                 return self._bad(s, p, CorruptRecord(p, f"entry {d.index}/term {d.term} after "
                                                         f"{s.last_index}/term {s.last_term}")), True

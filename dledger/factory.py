@@ -65,6 +65,11 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
     rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None)
     shell = ShellConfig(flush_disk_type=config.flush_disk_type,
                         async_flush_interval_ms=config.flush_interval_commit_log_ms)
-    node = RaftNode(config.dleger_self_id, config.group, raft, store, rc, shell, rng=random.Random())
+    from dledger.transport import TransportConfig
+    from node.peer_auth import peer_security_from_config
+    security = peer_security_from_config(config, (raft[config.dleger_self_id][0],))
+    node = RaftNode(config.dleger_self_id, config.group, raft, store, rc, shell,
+                    transport_config=TransportConfig(security=security,
+                                                     max_inbound_connections=config.raft_max_inbound_connections), rng=random.Random())
     return DLedgerLog(node, peer_api_addresses(config, raft), store_host=config.broker_ip1,
                       store_port=config.listen_port, append_timeout_s=config.sync_flush_timeout_ms / 1000)

@@ -27,6 +27,8 @@ __all__ = [
     "CompareResponse",
     "Entry",
     "EntryType",
+    "FetchEntries",
+    "FetchEntriesResponse",
     "HardState",
     "Heartbeat",
     "HeartbeatResponse",
@@ -36,6 +38,7 @@ __all__ = [
     "LEADER_MESSAGES",
     "Message",
     "RequestVote",
+    "REPAIR_MESSAGES",
     "TimeoutNow",
     "Truncate",
     "TruncateResponse",
@@ -379,6 +382,55 @@ class InstallBaseResponse:
         _check_int("durable_index", self.durable_index)
 
 
+# --- repair: any member -> any member (read-only, never stepped into the core) -------------
+# Bounds of one FetchEntriesResponse (dledger/repair.py): at most MAX_FETCH_ENTRIES entries and
+# MAX_FETCH_BYTES bytes, except that a single entry larger than the byte cap is still sent alone;
+# the transport's frame cap (TransportConfig.max_frame_bytes) bounds that one.
+MAX_FETCH_ENTRIES = 64
+MAX_FETCH_BYTES = 8 << 20
+MAX_FETCH_ERROR_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class FetchEntries:
+    """Ask a peer for its raw committed entries `index`.. (at most `count`) to repair a
+    corrupt copy in place. Carries no term: it changes nothing on the peer, and the shell
+    hands it to the repair module, not to the core."""
+
+    request_id: int
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        _check_int("request_id", self.request_id, minimum=1)
+        _check_int("index", self.index, minimum=1)
+        _check_int("count", self.count, minimum=1)
+        if self.count > MAX_FETCH_ENTRIES:
+            raise InvalidMessage(f"count must be <= {MAX_FETCH_ENTRIES}, got {self.count}")
+
+
+@dataclass(frozen=True, slots=True)
+class FetchEntriesResponse:
+    """Answer to FetchEntries(request_id): `entries` holds the raw stored bytes (header +
+    body) of entries index, index+1, ..., each verified by the sender first; or, when it
+    cannot serve them, `entries` is empty and `error` says why."""
+
+    request_id: int
+    index: int
+    entries: bytes
+    error: str
+
+    def __post_init__(self) -> None:
+        _check_int("request_id", self.request_id, minimum=1)
+        _check_int("index", self.index, minimum=1)
+        if not isinstance(self.entries, bytes):
+            raise InvalidMessage(f"entries must be bytes, got {type(self.entries).__name__}")
+        if not isinstance(self.error, str) or len(self.error) > MAX_FETCH_ERROR_CHARS:
+            raise InvalidMessage(f"error must be a str of at most {MAX_FETCH_ERROR_CHARS} chars")
+        if bool(self.entries) == bool(self.error):
+            raise InvalidMessage("exactly one of entries and error must be non-empty")
+
+
 Message = Union[
     RequestVote,
     VoteResponse,
@@ -394,6 +446,9 @@ Message = Union[
     AppendResponse,
     InstallBaseResponse,
 ]
+
+# Routed by the shell to the repair module (dledger/repair.py); the core never sees them.
+REPAIR_MESSAGES = (FetchEntries, FetchEntriesResponse)
 
 # Messages only a leader of `term` sends: receiving one names the leader.
 LEADER_MESSAGES = (Heartbeat, Compare, Truncate, Append, InstallBase, TimeoutNow)

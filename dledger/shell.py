@@ -16,6 +16,11 @@ outstanding (the core asserts this) and one Ready carries every entry proposed
 since the last one: one write per segment and one fsync for all of them (group
 commit).
 
+Repair messages (`messages.REPAIR_MESSAGES`: FetchEntries and its answer) are not Raft
+state transitions: `_on_message` hands them straight to `side_handler` (set by
+DLedgerLog to dledger/repair.py's Repairer) and `send_side` queues the answers, so the
+core never sees them and they share the authenticated, optionally TLS peer channel.
+
 Flush policy:
 - SYNC_FLUSH: a group-commit task fsyncs the data on a worker thread, one fsync at a
   time, each covering everything written before it began; `advance` is told only the
@@ -39,11 +44,11 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 from dledger.core import RaftConfig, RaftCore, Ready, Role
 from dledger.entry_store import EntryStore
-from dledger.messages import EntryType
+from dledger.messages import REPAIR_MESSAGES, EntryType
 from dledger.transport import Transport, TransportConfig
 from node.store.errors import StoreError, StoreFatal
 
@@ -110,6 +115,8 @@ class RaftNode:
         self.transport_config = transport_config or TransportConfig()
         self.rng = rng or random.Random()
         self.listener: ReadyListener | None = None
+        # Receives REPAIR_MESSAGES (sender, msg) on the loop; must not block. None: dropped.
+        self.side_handler: Callable[[str, object], None] | None = None
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
         self.fatal: BaseException | None = None
@@ -180,7 +187,24 @@ class RaftNode:
         assert self.core is not None, "start() first"
         return self.core
 
+    def send_side(self, peer_id: str, msg: object) -> None:
+        """Queue a repair message (never blocks; the transport drops the oldest when full)."""
+        if self.transport is None or not self._running:
+            raise ConnectionError(f"raft node {self.node_id} is not running")
+        self.transport.send(peer_id, msg)
+
     def _on_message(self, sender: str, msg: object) -> None:
+        if type(msg) in REPAIR_MESSAGES:
+            handler = self.side_handler
+            if handler is None:
+                self.metrics["side_dropped"] += 1
+                return
+            try:
+                handler(sender, msg)
+            except Exception:  # noqa: BLE001 - a repair bug must not close the Raft connection
+                self.metrics["side_failed"] += 1
+                log.exception("raft %s: handling %s from %s failed", self.node_id, type(msg).__name__, sender)
+            return
         if len(self._inbox) >= self.config.max_inbox_msgs:
             self._inbox.popleft()
             self.metrics["inbox_dropped"] += 1

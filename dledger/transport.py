@@ -6,6 +6,11 @@ big-endian payload length) + a msgpack payload (dledger.codec). The length is
 checked against `max_frame_bytes` *before* the payload is read, so a hostile or
 broken peer cannot make us allocate gigabytes.
 
+With a cluster secret (node/peer_auth.py) the listener first runs the mutual
+challenge-response: nothing from the peer is read as a frame until it has proved it
+knows the secret, and the dialler checks the listener's proof before it sends. With TLS
+(`PeerSecurity.server_ssl` / `client_ssl`, node/tls.py) all of it runs inside mutual TLS.
+
 The first frame on a connection is the handshake `["mqstore-raft", version, group,
 sender_id]`; a connection from another group or an unknown id is closed. A frame
 that does not decode closes the connection with a logged error: after garbage the
@@ -23,12 +28,13 @@ import asyncio
 import collections
 import logging
 import random
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import msgpack
 
 from dledger import codec
+from node import limits, peer_auth
 from node.store import layout as L
 
 log = logging.getLogger(__name__)
@@ -52,11 +58,16 @@ class TransportConfig:
     # A connect or handshake that takes longer than this fails.
     connect_timeout_ms: int = 1000
     handshake_timeout_ms: int = 2000
+    # Inbound connections held at once (raftMaxInboundConnections); a group of 5 needs 4 plus
+    # reconnect overlap. Beyond it a new connection is closed on accept (node/limits.py).
+    max_inbound_connections: int = 32
+    # Cluster secret and TLS contexts (node.peer_auth.PeerSecurity); None = plain, unauthenticated.
+    security: Any = field(default=None, compare=False)
 
     def validate(self) -> None:
         for name in ("max_frame_bytes", "send_queue_max_msgs", "write_batch_max_bytes",
                      "reconnect_backoff_min_ms", "reconnect_backoff_max_ms",
-                     "connect_timeout_ms", "handshake_timeout_ms"):
+                     "connect_timeout_ms", "handshake_timeout_ms", "max_inbound_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"TransportConfig.{name} must be >= 1")
         if self.reconnect_backoff_max_ms < self.reconnect_backoff_min_ms:
@@ -116,11 +127,13 @@ class Transport:
         self._inbound: set[asyncio.Task] = set()
         self._closing = False
         self.metrics = collections.Counter()
+        self._security = self.config.security or peer_auth.NO_SECURITY
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         host, port = self.listen
-        self._server = await asyncio.start_server(self._serve, host, port, limit=1 << 20)
+        self._server = await asyncio.start_server(self._serve, host, port, limit=1 << 20,
+                                                  ssl=self._security.server_ssl)
         for peer in self._peers.values():
             peer.task = asyncio.create_task(self._sender(peer), name=f"raft-send-{self.self_id}->{peer.peer_id}")
 
@@ -173,6 +186,9 @@ class Transport:
                 peer.connected = True
                 backoff = self.config.reconnect_backoff_min_ms
                 await self._drain_queue(peer, writer)
+            except peer_auth.PeerAuthError as e:
+                peer_auth.FAILURES.record("raft_dial", f"{peer.host}:{peer.port}", str(e))
+                self.metrics["auth_failures"] += 1
             except (OSError, asyncio.TimeoutError, ConnectionError) as e:
                 if peer.connected:
                     log.warning("raft %s: connection to %s lost: %s", self.self_id, peer.peer_id, e)
@@ -188,7 +204,17 @@ class Transport:
 
     async def _connect(self, peer: _Peer) -> asyncio.StreamWriter:
         timeout = self.config.connect_timeout_ms / 1000
-        _reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port), timeout)
+        sec = self._security
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port, ssl=sec.client_ssl),
+                                                timeout)
+        if sec.secret is not None:
+            try:
+                await peer_auth.connect_peer(reader, writer, sec.secret, "raft", self.self_id,
+                                             expect_server_id=peer.peer_id,
+                                             timeout_s=self.config.handshake_timeout_ms / 1000)
+            except BaseException:
+                writer.close()
+                raise
         hello = msgpack.packb([HANDSHAKE_MAGIC, PROTOCOL_VERSION, self.group, self.self_id])
         writer.write(frame(hello))
         await asyncio.wait_for(writer.drain(), timeout)
@@ -213,11 +239,26 @@ class Transport:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._inbound.add(task)
         addr = writer.get_extra_info("peername")
+        if len(self._inbound) >= self.config.max_inbound_connections:
+            limits.REJECTIONS.add("raft_connections")
+            self.metrics["refused_connections"] += 1
+            log.warning("raft %s: refusing connection from %s: %d inbound already", self.self_id, addr,
+                        len(self._inbound))
+            writer.close()
+            return
+        self._inbound.add(task)
         try:
+            authed = None
+            if self._security.secret is not None:   # before any frame is read
+                authed = await peer_auth.accept_peer(reader, writer, self._security.secret, "raft", self.self_id,
+                                                     self.config.handshake_timeout_ms / 1000)
             sender = await self._handshake(reader)
+            if authed is not None and sender != authed:
+                raise FrameError(f"peer authenticated as {authed!r} says it is {sender!r}")
             await self._receive(sender, reader)
+        except peer_auth.PeerAuthError:
+            self.metrics["auth_failures"] += 1   # counted and logged (rate-limited) by peer_auth
         except FrameError as e:
             log.error("raft %s: closing connection from %s: %s", self.self_id, addr, e)
             self.metrics["bad_frames"] += 1
@@ -248,8 +289,9 @@ class Transport:
             raise FrameError(f"protocol version {version}, we speak {PROTOCOL_VERSION}")
         if group != self.group:
             raise FrameError(f"peer of group {group!r}, we are {self.group!r}")
-        if sender not in self._peers:
-            raise FrameError(f"unknown peer {sender!r}")
+        # A non-string id (an array is unhashable) is as unknown as a wrong one.
+        if not isinstance(sender, str) or sender not in self._peers:
+            raise FrameError(f"unknown peer {sender!r:.100}")
         return sender
 
     async def _receive(self, sender: str, reader: asyncio.StreamReader) -> None:

@@ -14,6 +14,13 @@ pysyncobj's callback, bridged back into the event loop.
     GET  /routes/{topic}               TopicRouteData
     POST /brokers/heartbeat            BrokerHeartbeat fields -> role/master/epoch/SSS/topics
 
+Security (docs/security.md): with a cluster secret (`--cluster-secret-file` or the
+environment's MQSTORE_clusterSecret, the broker's key) every request but GET /health,
+/metrics, /routes/{topic} and the dashboard page must be signed with it (node.peer_auth.sign_request) or is
+answered 401 before any handler runs, and controller-to-controller Raft traffic is
+encrypted and authenticated with it (pysyncobj's `password`). `--tls-cert/--tls-key/--tls-ca`
+serve the API over TLS (server auth; client certificates optional).
+
 Heartbeats are not replicated: every controller records them locally (brokers beat all
 controllers), and only the Raft leader, after holding leadership for one heartbeat
 timeout (so its liveness table is warm), turns them into decisions.
@@ -35,6 +42,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
+from node import peer_auth
 from node.broker import MAX_QUEUES_PER_TOPIC, PERM_DEFAULT, check_user_topic
 from node.store.errors import StoreError
 from node import dashboard
@@ -81,8 +89,10 @@ def _error(request: web.Request, status: int, code: str, message: str, retriable
 class Controller:
     """One controller process: state machine + liveness + the leader's decision loop."""
 
-    def __init__(self, sm: ControllerStateMachine, opts: ElectOptions, api_of_raft: dict[str, str]):
+    def __init__(self, sm: ControllerStateMachine, opts: ElectOptions, api_of_raft: dict[str, str],
+                 secret: bytes | None = None):
         self.sm = sm
+        self.verifier = peer_auth.RequestVerifier(secret) if secret is not None else None
         self.opts = opts
         self.api_of_raft = api_of_raft     # Raft address -> API address, for leader hints
         self.live = Liveness()
@@ -141,8 +151,24 @@ class Controller:
                 self.propose_once(op)
 
     # --- HTTP ---------------------------------------------------------------------------------
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler):
+        """Cluster-secret signature on every request but the open probes (before any handler)."""
+        # Open: probes, the dashboard page, and route lookups (clients need them, as they need a
+        # RocketMQ name server; they hold no cluster secret).
+        open_path = request.method == "GET" and (request.path in ("/health", "/metrics")
+                                                 or request.path.startswith(("/dashboard", "/routes/")))
+        if self.verifier is not None and not open_path:
+            body = await request.read()
+            try:
+                self.verifier.verify(request.method, request.raw_path, request.headers, body)
+            except peer_auth.PeerAuthError as e:
+                peer_auth.FAILURES.record("controller", request.remote, str(e))
+                return _error(request, 401, "UNAUTHENTICATED", "sign requests with the cluster secret: " + str(e))
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._authenticate])
         app.router.add_get("/health", self.health)
         app.router.add_get("/metadata", self.metadata)
         app.router.add_get("/groups", self.groups)
@@ -152,6 +178,7 @@ class Controller:
         app.router.add_get("/routes/{topic}", self.route)
         app.router.add_post("/brokers/heartbeat", self.heartbeat)
         registry = controller_registry(self.sm)
+        registry.register(peer_auth.PeerAuthCollector())
         app.router.add_get("/metrics", lambda request: web.Response(
             body=generate_latest(registry), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}))
         dashboard.add_routes(app)
@@ -249,6 +276,7 @@ class Controller:
             self.propose_once(op)
         reply = heartbeat_reply(st, hb.group, hb.broker_id)
         reply.update(controller_leader=self.sm.is_leader(), leader=self.leader_api(),
+                     heartbeat_timeout_ms=self.opts.heartbeat_timeout_ms,
                      topic_perms={t: st["topics"][t].get("perm", 6) for t in reply["topics"]})
         return _reply(request, reply)
 
@@ -267,8 +295,33 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--data-dir", required=True, help="journal and the fsynced controller-state.json")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=3000, help="master lost after this silence")
     p.add_argument("--unclean-election", action="store_true", help="elect outside the SyncStateSet (may lose data)")
+    p.add_argument("--cluster-secret-file", default="",
+                   help="file holding the cluster secret (default: env MQSTORE_clusterSecret; none = open API)")
+    p.add_argument("--tls-cert", default="", help="PEM certificate: serve the API over TLS")
+    p.add_argument("--tls-key", default="", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-ca", default="", help="PEM CA for client certificates (optional)")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
+
+
+def controller_security(args: argparse.Namespace, environ=None):
+    """(secret or None, server SSLContext or None) from the command line; ValueError if bad."""
+    import os
+    from node import tls
+    from node.config import ConfigError
+    env = os.environ if environ is None else environ
+    secret = peer_auth.load_secret("" if args.cluster_secret_file else env.get("MQSTORE_clusterSecret", ""),
+                                   args.cluster_secret_file)
+    ctx = None
+    if args.tls_cert or args.tls_key:
+        try:
+            ctx = tls.server_context(args.tls_cert, args.tls_key, args.tls_ca, require_client_cert=False)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+    if secret is None and not peer_auth.is_loopback(args.host):
+        log.warning("controller listens on %s without a cluster secret: anyone who reaches it can change "
+                    "roles and routes; use --cluster-secret-file (docs/security.md)", args.host)
+    return secret, ctx
 
 
 async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> int:
@@ -279,11 +332,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     api_of_raft[self_raft] = f"{args.host}:{args.port}"
     opts = ElectOptions(heartbeat_timeout_ms=args.heartbeat_timeout_ms, unclean=args.unclean_election)
     opts.validate()
-    sm = ControllerStateMachine(self_raft, peers, args.data_dir)
-    ctl = Controller(sm, opts, api_of_raft)
+    secret, ssl_ctx = controller_security(args)
+    # pysyncobj's password encrypts and authenticates controller-to-controller traffic.
+    sm = ControllerStateMachine(self_raft, peers, args.data_dir,
+                                **({"password": secret} if secret is not None else {}))
+    ctl = Controller(sm, opts, api_of_raft, secret)
     runner = web.AppRunner(ctl.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.port, reuse_address=True).start()
+    await web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=ssl_ctx).start()
     log.info("controller serving API %s:%d, raft %s, peers %s", args.host, args.port, self_raft, peers)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -301,6 +357,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        controller_security(args)
+    except ValueError as e:
+        print(f"mqstore controller: {e}", file=sys.stderr)
+        return 2
     return asyncio.run(serve(args))
 
 
@@ -341,8 +402,11 @@ class ControllerClient:
     """
 
     def __init__(self, controller_addrs: list[str], beat: Callable[[], dict],
-                 on_reply: Callable[[dict], Awaitable[None]], interval_s: float = 1.0, timeout_s: float = 0.8):
+                 on_reply: Callable[[dict], Awaitable[None]], interval_s: float = 1.0, timeout_s: float = 0.8,
+                 security: Any = None):
         assert controller_addrs
+        self.security = security or peer_auth.NO_SECURITY
+        self.scheme = "https" if self.security.client_ssl is not None else "http"
         self.addrs = controller_addrs
         self.beat = beat
         self.on_reply = on_reply
@@ -356,7 +420,9 @@ class ControllerClient:
         self._topic_task: asyncio.Task | None = None
 
     def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        connector = aiohttp.TCPConnector(ssl=self.security.client_ssl) if self.security.client_ssl else None
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                              connector=connector)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="controller-heartbeat")
 
     async def stop(self) -> None:
@@ -370,7 +436,13 @@ class ControllerClient:
     async def _post(self, addr: str, body: dict) -> dict | None:
         assert self._session is not None
         try:
-            async with self._session.post(f"http://{addr}/brokers/heartbeat", json=body) as resp:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            headers = {"Content-Type": "application/json"}
+            if self.security.secret is not None:
+                headers.update(peer_auth.sign_request(self.security.secret, str(body.get("group", "broker")),
+                                                      "POST", "/brokers/heartbeat", data))
+            async with self._session.post(f"{self.scheme}://{addr}/brokers/heartbeat", data=data,
+                                          headers=headers) as resp:
                 return await resp.json() if resp.status == 200 else None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
             return None
@@ -411,6 +483,9 @@ class ControllerClient:
                 await self.beat_once()
             except (RuntimeError, OSError, StoreError) as e:   # a failed role change is retried on the next beat
                 log.warning("controller client: heartbeat handling failed: %r", e)
+            except Exception as e:   # noqa: BLE001 - a bug must not end the heartbeats (and role changes) silently
+                log.error("controller client: heartbeat handling failed unexpectedly: %r (retrying)", e,
+                          exc_info=True)
             # Small jitter so a group's brokers do not beat in lockstep.
             await asyncio.sleep(max(0.05, self.interval_s - (time.monotonic() - t0)) * random.uniform(0.9, 1.1))
 

@@ -21,9 +21,9 @@ fsync dir) through `FileSystem.write_atomic`, so the file is the old or the new 
 from __future__ import annotations
 
 import os
-import zlib
 from dataclasses import dataclass
 
+from node.store.crc import crc32 as _crc32
 from node.store.errors import CorruptRecord
 from node.store.fileio import FileSystem
 
@@ -38,7 +38,7 @@ class EpochEntry:
 
 
 def _crc(body: bytes) -> int:
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return _crc32(body) & 0x7FFFFFFF
 
 
 def encode(entries: list[EpochEntry]) -> bytes:

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import heapq
+import itertools
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -33,7 +34,7 @@ from ha.epoch import EpochEntry, EpochFile, find_consistent_point, with_ends
 from ha.protocol import HAProtocolError
 from ha.replication import HAServiceCore, HATimings, PushVerdict, WaitState
 from ha.shell import HAClient, HAService, now_ms
-from node.local_log import SYNC_FLUSH, LocalLog, LocalLogConfig
+from node.local_log import LocalLog, LocalLogConfig
 from node.replicated_log import PutResult, PutStatus, ScanBatch
 from node.store import layout as L
 from node.store.errors import CorruptRecord, NotLeader, StoreFatal
@@ -47,6 +48,21 @@ MASTER = "MASTER"
 SLAVE = "SLAVE"
 _MAX_RECORDS_PER_ADVANCE = 100_000      # boundary tracking work per call; the rest waits for the next batch
 _TRUNCATE_SCAN_BYTES = 4 * 1024 * 1024  # chunk when reading a tail about to be truncated
+_ADVANCE_CHUNK_BYTES = 1024 * 1024      # slave: bytes read per pread when walking received records
+_H = L.MESSAGE_FIELD_OFFSET
+_TX_SKIPPED = (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
+
+
+def _note_queue_offset(buf: bytes, i: int, highest: dict[tuple[bytes, int], int]) -> None:
+    """The record at `buf[i:]` (complete, header checked) takes its queue offset: remember the
+    next one, keyed by (topic bytes, queue id)."""
+    queue_id, queue_offset, sys_flag, body_len = L.MESSAGE_QUEUE_FIELDS.unpack_from(buf, i + _H["queue_id"])
+    if queue_offset < 0 or sys_flag & L.SYSFLAG_TRANSACTION_MASK in _TX_SKIPPED:
+        return
+    t = i + L.MESSAGE_HEADER.size + body_len
+    key = (buf[t + 1:t + 1 + buf[t]], queue_id)
+    if queue_offset >= highest.get(key, -1):
+        highest[key] = queue_offset + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +87,8 @@ class HALogConfig:
     # (3 s by default) so a partitioned master stops before a new one can be elected.
     controller_lease_ms: int = 2_000
     timings: HATimings = field(default_factory=HATimings)
+    # Cluster secret and TLS for the HA port and controller calls (node.peer_auth.PeerSecurity); None = off.
+    security: object = field(default=None, compare=False)
 
     def validate(self) -> None:
         if self.initial_role not in (MASTER, SLAVE):
@@ -110,7 +128,9 @@ class HALog:
         self._boundary = 0                      # slave: end of the last complete record received
         self._slave_committed = 0               # slave: committed position (boundary, flushed if SYNC_FLUSH)
         self._pending_epochs: list[EpochEntry] = []   # slave: master epochs whose bytes have not arrived yet
-        self._acks = Wakeup()                  # fired on every slave report (SYNC_MASTER waiters)
+        # SYNC_MASTER waiters: (end offset, sequence, future), a heap by end offset.
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []
+        self._waiter_seq = itertools.count()
         self._grown = Wakeup()                 # fired when the slave's committed position grows
         self._role_lock = asyncio.Lock()
         self.truncate_listeners: list[Callable[[int], None]] = []   # e.g. consume queues, index
@@ -121,6 +141,7 @@ class HALog:
         self._lease_ms = -1                     # monotonic ms of the leader controller's last confirmation
         self._lease_task: asyncio.Task | None = None
         self.step_downs = 0                     # times this master stopped writing after losing the controller
+        self._lease_warned = False              # the lease-vs-controller-timeout warning was logged
         self._started = False
 
     # --- lifecycle ----------------------------------------------------------------------------
@@ -133,6 +154,7 @@ class HALog:
         self._boundary = self._slave_committed = self.commitlog.max_offset
         self._started = True
         if self._role == MASTER:
+            self.core.become_master(self.commitlog.max_offset)
             await self._start_master()
         elif self.cfg.ha_master_address and not self.cfg.controller_mode:
             self._start_client(self.cfg.ha_master_address)
@@ -140,7 +162,7 @@ class HALog:
             from ha.controller_server import ControllerClient   # aiohttp client: only with a controller
             self.controller_client = ControllerClient(list(self.cfg.controller_addrs),
                                                       lambda: self.controller_heartbeat(self.cfg.group),
-                                                      self.on_controller_reply)
+                                                      self.on_controller_reply, security=self.cfg.security)
             self.controller_client.start()
             self._lease_task = asyncio.get_running_loop().create_task(self._lease_loop(), name="ha-lease")
         log.info("HA log started as %s", self._role, extra={"max_offset": self.commitlog.max_offset,
@@ -204,12 +226,29 @@ class HALog:
         return [(e.epoch, e.start_offset) for e in self.epochs.entries]
 
     # --- master: append ------------------------------------------------------------------------
-    async def append(self, drafts: Sequence[MessageDraft]) -> list[PutResult]:
+    async def _check_master(self) -> None:
         if self._lease_expired():
             await self._step_down()
         if self._role != MASTER or not self._accepting:
             raise NotLeader(f"broker {self.cfg.broker_id} is a {self._role.lower()}, not accepting writes",
                             leader=self.leader() if self._role != MASTER else None)
+
+    async def append_packed(self, drafts: Sequence[MessageDraft]) -> tuple[PutStatus, int, list[tuple[int, int, int]]]:
+        """`append` without a result object per message (the broker's batched path, as
+        LocalLog.append_packed): one status and store time for the batch, `(physical_offset,
+        size, queue_offset)` per draft. SYNC_MASTER waits once, for the batch end."""
+        await self._check_master()
+        status, ts, placed = await self.local.append_packed(drafts)
+        if self.service is not None:
+            self.service.notify_append()
+        if not self.cfg.sync_master or not placed:
+            return status, ts, placed
+        phys, size, _ = placed[-1]              # records are placed in order: the last one ends the batch
+        slaves = await self._wait_slaves(phys + size)
+        return (slaves if status is PutStatus.SEND_OK else status), ts, placed
+
+    async def append(self, drafts: Sequence[MessageDraft]) -> list[PutResult]:
+        await self._check_master()
         results = await self.local.append(drafts)
         if self.service is not None:
             self.service.notify_append()
@@ -217,20 +256,61 @@ class HALog:
             return results
         end = max(r.physical_offset + r.size for r in results)
         status = await self._wait_slaves(end)
+        if status is PutStatus.SEND_OK:
+            return results
         return [dataclasses.replace(r, status=status) if r.status is PutStatus.SEND_OK else r for r in results]
 
     async def _wait_slaves(self, end: int) -> PutStatus:
-        """SYNC_MASTER: wait (bounded by the slave ack timeout) for a slave ack past `end`."""
+        """SYNC_MASTER: wait (bounded by the slave ack timeout) for a slave ack past `end`.
+
+        Waiters sit in a heap by end offset; `_release_waiters` (after each batch of slave
+        reports) pops only those the acks now cover, so the ack path never walks the others."""
         ticket = self.core.begin(end, now_ms())
         deadline = time.monotonic() + self.cfg.timings.slave_ack_timeout_ms / 1000
+        loop = asyncio.get_running_loop()
         while ticket.state is WaitState.WAITING:
-            await self._acks.wait(deadline - time.monotonic())
+            fut = loop.create_future()
+            entry = (end, next(self._waiter_seq), fut)
+            heapq.heappush(self._waiters, entry)
+            try:
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    await fut
+            except TimeoutError:
+                pass
+            finally:
+                if not fut.done() or fut.cancelled():   # timed out or cancelled: still in the heap
+                    self._drop_waiter(entry)
             self.core.check(ticket, now_ms())
         if ticket.state is not WaitState.ACKED:
             log.warning("SYNC_MASTER: %s for end offset %d (best slave ack %d)", ticket.state.value, end,
                         self.core.best_ack())
         return {WaitState.ACKED: PutStatus.SEND_OK, WaitState.FLUSH_SLAVE_TIMEOUT: PutStatus.FLUSH_SLAVE_TIMEOUT,
                 WaitState.SLAVE_NOT_AVAILABLE: PutStatus.SLAVE_NOT_AVAILABLE}[ticket.state]
+
+    def _release_waiters(self) -> None:
+        """Wake the SYNC_MASTER waiters whose end offset the slave acks now cover (heap order)."""
+        waiters = self._waiters
+        if not waiters:
+            return
+        covered = self.core.covered_offset()
+        while waiters and waiters[0][0] <= covered:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
+
+    def _wake_all_waiters(self) -> None:
+        """Every waiter re-checks now (role change, service stop); those still waiting re-enter."""
+        waiters, self._waiters = self._waiters, []
+        for _, _, fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _drop_waiter(self, entry: tuple) -> None:
+        try:
+            self._waiters.remove(entry)
+        except ValueError:
+            return
+        heapq.heapify(self._waiters)
 
     # --- MasterSource (for HAService) ---------------------------------------------------------
     def ha_max_offset(self) -> int:
@@ -282,60 +362,74 @@ class HALog:
         log.info("slave log starts at the master's offset %d", offset)
 
     async def ha_after_batch(self) -> None:
-        """After each read from the master: fsync (SYNC_FLUSH), then advance the committed boundary."""
+        """After each read from the master, before the report: fsync under SYNC_FLUSH."""
         if self.local.sync_flush:
             await self.local.flush_now()
             if self.local.fatal is not None:
                 raise self.local.fatal
-            limit = self.commitlog.flushed_offset
-        else:
-            limit = self.commitlog.max_offset
+
+    def ha_settle(self) -> None:
+        """Before the report: advance the committed boundary over the complete records received
+        (flushed ones under SYNC_FLUSH; each record's framing checked) and adopt the epochs they
+        start."""
+        limit = self.commitlog.flushed_offset if self.local.sync_flush else self.commitlog.max_offset
         self._advance_boundary(limit)
         self._adopt_pending_epochs()
 
     def _advance_boundary(self, limit: int) -> None:
-        """Move the boundary over complete records below `limit`, keeping queue offsets current."""
-        files, seg_size = self.commitlog.files, self.segment_size
+        """Move the boundary over complete records below `limit`, keeping queue offsets current.
+
+        Reads the new bytes in large chunks (one pread per chunk, never across a segment) and
+        walks the record headers in memory; queue offsets are gathered per queue and written to
+        the table once per call."""
         b = self._boundary
-        for _ in range(_MAX_RECORDS_PER_ADVANCE):
-            if b + L.BLANK.size > limit:
-                break
-            head = files.read(b, L.BLANK.size)
-            if len(head) < L.BLANK.size:
+        highest: dict[tuple[bytes, int], int] = {}
+        budget = _MAX_RECORDS_PER_ADVANCE
+        size = _ADVANCE_CHUNK_BYTES
+        while b + L.BLANK.size <= limit and budget > 0:
+            buf = self.commitlog.files.read(b, min(limit - b, size))
+            if len(buf) < L.BLANK.size:
                 raise CorruptRecord(b, "slave log has a hole where a record should start")
-            total, magic = L.BLANK.unpack(head)
-            if magic == L.BLANK_MAGIC:
-                if total != seg_size - b % seg_size:
-                    raise CorruptRecord(b, f"slave received a blank of {total} bytes that misses the file end")
-                if b + total > limit:
-                    break
-                b += total
-                continue
-            if magic != L.MESSAGE_MAGIC or total < L.MESSAGE_OVERHEAD:
-                raise CorruptRecord(b, f"slave received a bad record header (magic {magic:#x}, size {total})")
-            if b + total > limit:
-                break
-            self._note_queue_offset(b)
-            b += total
+            used, need, budget = self._walk_records(buf, b, limit, highest, budget)
+            if used:
+                b, size = b + used, _ADVANCE_CHUNK_BYTES
+            elif need > len(buf) and b + need <= limit:
+                size = need     # one record larger than a chunk: read it whole
+            else:
+                break           # not one complete record more below `limit`
+        if highest:
+            table = self.local.queue_offsets
+            for (raw, queue_id), nxt in highest.items():
+                topic = raw.decode("ascii", "replace")
+                if nxt > table.get(topic, queue_id):
+                    table.set(topic, queue_id, nxt)
         if b > self._boundary:
             self._boundary = b
             self._slave_committed = b
             self.local.advance_committed(b)   # keeps LocalLog's retention bound (safe_upto) moving
             self._grown.fire()
 
-    def _note_queue_offset(self, pos: int) -> None:
-        hdr = self.commitlog.files.read(pos, L.MESSAGE_HEADER.size)
-        f = L.MESSAGE_HEADER.unpack(hdr)
-        queue_id, queue_offset, sys_flag, body_len = f[3], f[5], f[7], f[16]
-        tx = sys_flag & L.SYSFLAG_TRANSACTION_MASK
-        if queue_offset < 0 or tx in (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE):
-            return
-        tpos = pos + L.MESSAGE_HEADER.size + body_len
-        raw = self.commitlog.files.read(tpos, 1 + L.MAX_TOPIC_CHARS)
-        topic = raw[1:1 + raw[0]].decode("ascii", "replace") if raw else ""
-        table = self.local.queue_offsets
-        if queue_offset + 1 > table.get(topic, queue_id):
-            table.set(topic, queue_id, queue_offset + 1)
+    def _walk_records(self, buf: bytes, base: int, limit: int, highest: dict[tuple[bytes, int], int],
+                      budget: int) -> tuple[int, int, int]:
+        """Complete records at the start of `buf` (read at `base`): (bytes they span, size of the
+        first record that is not complete in `buf` or 0, budget left)."""
+        seg_size, n, i = self.segment_size, len(buf), 0
+        while i + L.BLANK.size <= n and budget > 0:
+            total, magic = L.BLANK.unpack_from(buf, i)
+            if magic == L.BLANK_MAGIC:
+                if total != seg_size - (base + i) % seg_size:
+                    raise CorruptRecord(base + i, f"slave received a blank of {total} bytes that misses the file end")
+                if base + i + total > limit:
+                    return i, 0, budget
+                return i + total, 0, budget    # the file ends here; the next read starts the next file
+            if magic != L.MESSAGE_MAGIC or total < L.MESSAGE_OVERHEAD:
+                raise CorruptRecord(base + i, f"slave received a bad record header (magic {magic:#x}, size {total})")
+            if i + total > n:
+                return i, total, budget
+            _note_queue_offset(buf, i, highest)
+            budget -= 1
+            i += total
+        return i, 0, budget
 
     def _adopt_pending_epochs(self) -> None:
         """Record a master epoch in our own file once we hold bytes from it (so elections see it)."""
@@ -452,6 +546,7 @@ class HALog:
             if was == SLAVE and self.commitlog.max_offset > self._boundary:
                 await self._truncate(self._boundary)   # half a record from the old master
             self.local.advance_committed(self.commitlog.max_offset)
+            self.core.become_master(self.commitlog.max_offset)
             if epoch > self.epochs.last_epoch:
                 self.epochs.drop_beyond(self.commitlog.max_offset)
                 self.epochs.append(epoch, self.commitlog.max_offset)
@@ -482,7 +577,8 @@ class HALog:
     async def _start_master(self) -> None:
         if self.service is None:
             self.service = HAService(self, self.core, self.cfg.ha_listen_host, self.cfg.ha_listen_port,
-                                     self.cfg.timings, on_ack=self._acks.fire)
+                                     self.cfg.timings, on_ack=self._release_waiters,
+                                     **({"security": self.cfg.security} if self.cfg.security else {}))
             await self.service.start()
         self._accepting = True
 
@@ -490,11 +586,12 @@ class HALog:
         if self.service is not None:
             svc, self.service = self.service, None
             await svc.stop()
-        self._acks.fire()
+        self._wake_all_waiters()
 
     def _start_client(self, master_ha_addr: str) -> None:
         assert self.client is None
-        self.client = HAClient(master_ha_addr, self, self.cfg.broker_id, self.cfg.timings)
+        self.client = HAClient(master_ha_addr, self, self.cfg.broker_id, self.cfg.timings,
+                               **({"security": self.cfg.security} if self.cfg.security else {}))
         self.client.start()
 
     async def _stop_client(self) -> None:
@@ -540,9 +637,21 @@ class HALog:
                 "max_offset": self.committed_position, "priority": self.cfg.election_priority,
                 "mode": "classic", "in_sync": in_sync}
 
+    def _check_lease_against(self, controller_timeout_ms) -> None:
+        """Say once, loudly, when the lease outlives the controller's heartbeat timeout: the
+        controller could then elect a new master while this one still writes."""
+        if (not isinstance(controller_timeout_ms, int) or self._lease_warned
+                or self.cfg.controller_lease_ms < controller_timeout_ms):
+            return
+        self._lease_warned = True
+        log.error("controllerLeaseTimeoutMills=%d is not below the controller's heartbeat timeout of %d ms: "
+                  "a master cut off from the controller may still write after another is elected",
+                  self.cfg.controller_lease_ms, controller_timeout_ms)
+
     async def on_controller_reply(self, reply: dict) -> None:
         """Act on the controller's view: promote, demote, re-point, or update the SyncStateSet."""
         epoch = int(reply.get("epoch") or 0)
+        self._check_lease_against(reply.get("heartbeat_timeout_ms"))
         if epoch < self.epoch:
             return   # a lagging controller's stale answer
         master_id = reply.get("master_id")
@@ -558,6 +667,7 @@ class HALog:
             if sss != self.core.sync_state_set:
                 log.info("SyncStateSet now %s (was %s)", sorted(sss), sorted(self.core.sync_state_set or ()))
             self.core.sync_state_set = sss
+            self._release_waiters()   # a smaller SyncStateSet may cover waiters now
         elif reply.get("master_ha_addr"):
             await self.become_slave(reply["master_ha_addr"], reply.get("master_addr"), epoch)
 
@@ -575,7 +685,15 @@ class HALog:
         return self.commitlog.min_offset
 
     def scan(self, position: int, max_bytes: int) -> ScanBatch:
-        return self.commitlog.scan(position, max_bytes, limit=self.committed_position)
+        # Framing only, as LocalLog.scan: a master wrote these bytes itself; a slave checked each
+        # record's framing as it arrived (_walk_records); the dispatcher checks each field it
+        # uses and readers (pull, query) check the CRC when they decode.
+        return self.commitlog.scan(position, max_bytes, limit=self.committed_position, verify=False)
+
+    def scan_spans(self, position: int, max_bytes: int) -> tuple[list[tuple[bytes, int, int, int]], int]:
+        """`scan` as `(chunk, start, physical_offset, size)` per record, no copy per record
+        (the dispatcher's batched path, as LocalLog.scan_spans); same framing checks."""
+        return self.commitlog.scan_spans(position, max_bytes, limit=self.committed_position, verify=False)
 
     def read(self, physical_offset: int, size: int) -> bytes:
         if physical_offset + size > self.committed_position:
@@ -611,7 +729,9 @@ def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConf
     controller = bool(config.controller_addr)
     role = SLAVE if config.broker_role == "SLAVE" else MASTER
     timings = HATimings(max_gap_not_in_sync_bytes=config.ha_max_gap_not_in_sync_bytes,
-                        slave_ack_timeout_ms=config.ha_slave_ack_timeout_ms)
+                        slave_ack_timeout_ms=config.ha_slave_ack_timeout_ms,
+                        max_time_slave_not_catchup_ms=config.ha_max_time_slave_not_catchup_ms,
+                        max_connections=config.ha_max_connections)
     master_host = config.ha_master_address.rpartition(":")[0]
     return HALog(fs, config.store_root, local_config, HALogConfig(
         broker_id=config.broker_id, initial_role=role,
@@ -626,5 +746,11 @@ def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConf
                            else config.broker_id),
         all_ack_in_sync_state_set=config.all_ack_in_sync_state_set,
         min_in_sync_replicas=config.min_in_sync_replicas, timings=timings,
+        controller_lease_ms=config.controller_lease_timeout_ms,
         controller_addrs=tuple(a.strip() for a in config.controller_addr.replace(",", ";").split(";") if a.strip()),
-        group=config.group), checkpoint_committed_offset)
+        group=config.group, security=_peer_security(config)), checkpoint_committed_offset)
+
+
+def _peer_security(config):
+    from node.peer_auth import peer_security_from_config
+    return peer_security_from_config(config, (config.bind_address,))

@@ -23,12 +23,16 @@ Rules (RocketMQ store/ha, DESIGN section 4):
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from node.store import layout as L
 
 MiB = 1024 * 1024
+NO_LIMIT = (1 << 63) - 1      # covered_offset when no slave ack is required
+CATCHUP_SAMPLE_MS = 100       # one (master max, time) sample per connection per this many ms
+CATCHUP_SAMPLES = 1024        # samples kept per connection (older ones drop: only stricter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,10 +44,13 @@ class HATimings:
     max_transfer_bytes: int = L.HA_MAX_TRANSFER_BYTES   # bytes per push (haTransferBatchSize)
     max_gap_not_in_sync_bytes: int = 256 * MiB  # haMaxGapNotInSync: a slave further behind is not "available"
     slave_ack_timeout_ms: int = 5_000           # syncFlushTimeout for SYNC_MASTER: then FLUSH_SLAVE_TIMEOUT
+    max_time_slave_not_catchup_ms: int = 15_000  # haMaxTimeSlaveNotCatchup: behind this long -> out of the in-sync set
+    max_connections: int = 64                   # haMaxConnections: slave links held at once; more are closed on accept
 
     def validate(self) -> None:
         for name in ("heartbeat_interval_ms", "housekeeping_ms", "max_transfer_bytes",
-                     "max_gap_not_in_sync_bytes", "slave_ack_timeout_ms"):
+                     "max_gap_not_in_sync_bytes", "slave_ack_timeout_ms", "max_time_slave_not_catchup_ms",
+                     "max_connections"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"HATimings.{name} must be > 0")
         if self.housekeeping_ms <= self.heartbeat_interval_ms:
@@ -147,8 +154,12 @@ class HAConnectionCore:
         # An empty slave does not get the whole history: it starts at the master's last file (RocketMQ).
         return master_max - master_max % self.segment_size
 
-    def next_action(self, now_ms: int, master_max: int, master_min: int = 0) -> ConnAction:
-        """What to do now. The shell does it, then calls `pushed`."""
+    def next_action(self, now_ms: int, master_max: int, master_min: int = 0, batch_bytes: int = 0) -> ConnAction:
+        """What to do now. The shell does it, then calls `pushed` once per push it wrote.
+
+        With `batch_bytes` above the transfer cap, a SendPush may span up to that many bytes
+        (still within one segment): the shell reads them at once and writes them as several
+        pushes of at most max_transfer_bytes each."""
         if self.state is ConnState.CLOSED:
             return None
         if now_ms - self.last_report_ms > self.t.housekeeping_ms:
@@ -160,14 +171,15 @@ class HAConnectionCore:
             self._input(ConnInput.CLOSE, f"slave needs {self.next_offset}, master keeps only from {master_min}")
             return CloseLink(self.close_reason)
         if self.next_offset < master_max:
-            return SendPush(self.next_offset, self._push_size(master_max))
+            return SendPush(self.next_offset, self._push_size(master_max, batch_bytes))
         if now_ms - self.last_push_ms >= self.t.heartbeat_interval_ms:
             return SendPush(self.next_offset, 0)
         return None
 
-    def _push_size(self, master_max: int) -> int:
+    def _push_size(self, master_max: int, batch_bytes: int = 0) -> int:
         segment_end = self.next_offset - self.next_offset % self.segment_size + self.segment_size
-        size = min(self.t.max_transfer_bytes, master_max - self.next_offset, segment_end - self.next_offset)
+        size = min(max(self.t.max_transfer_bytes, batch_bytes), master_max - self.next_offset,
+                   segment_end - self.next_offset)
         assert size > 0
         return size
 
@@ -352,20 +364,64 @@ class HAServiceCore:
     # disconnects, falls past the gap or goes silent; membership is not re-sampled against a
     # confirm offset that moves on every write.
     in_sync: set[int] = field(default_factory=set)
+    # haMaxTimeSlaveNotCatchup (RocketMQ's lastCaughtUpTimeMs): per broker id, the latest time T
+    # such that the slave has acked everything the master held at T. Pushes leave samples
+    # (master max, time) per connection; a report that reaches a sample's offset moves T to it.
+    caught_up_ms: dict[int, int] = field(default_factory=dict)
+    _samples: dict[int, deque] = field(default_factory=dict)   # by connection id, oldest first
 
-    def on_report(self, conn_id: int, broker_id: int | None, offset: int, now_ms: int) -> None:
+    def on_push(self, conn_id: int, master_max: int, now_ms: int) -> None:
+        """The master pushed to `conn_id` while holding `master_max` bytes (one sample per
+        CATCHUP_SAMPLE_MS; a newer offset within that window raises the last sample's offset,
+        which only ever asks more of the slave)."""
+        q = self._samples.setdefault(conn_id, deque(maxlen=CATCHUP_SAMPLES))
+        if q and now_ms - q[-1][1] < CATCHUP_SAMPLE_MS:
+            if master_max > q[-1][0]:
+                q[-1] = (master_max, q[-1][1])
+        elif not q or master_max > q[-1][0]:
+            q.append((master_max, now_ms))
+
+    def on_report(self, conn_id: int, broker_id: int | None, offset: int, now_ms: int,
+                  master_max: int | None = None) -> None:
+        """A slave's ack. `master_max`, the master's max offset now, lets an ack of everything
+        count as caught up at once (an idle master pushes nothing to sample)."""
         prev = self.slaves.get(conn_id)
         if prev is not None:
             assert offset >= prev.ack_offset, "HAConnectionCore rejects reports that go back"
         self.slaves[conn_id] = SlaveProgress(broker_id, offset, now_ms)
-        if broker_id is not None and broker_id != self.master_id and offset >= self.confirm_offset:
+        if broker_id is None or broker_id == self.master_id:
+            return
+        caught = now_ms if master_max is not None and offset >= master_max else None
+        q = self._samples.get(conn_id)
+        while q and q[0][0] <= offset:
+            t = q.popleft()[1]
+            caught = t if caught is None else max(caught, t)
+        if caught is not None and caught > self.caught_up_ms.get(broker_id, -1):
+            self.caught_up_ms[broker_id] = caught
+        if offset >= self.confirm_offset and self._caught_up_recently(broker_id, now_ms):
             self.in_sync.add(broker_id)
 
+    def _caught_up_recently(self, broker_id: int, now_ms: int) -> bool:
+        last = self.caught_up_ms.get(broker_id)
+        return last is not None and now_ms - last <= self.timings.max_time_slave_not_catchup_ms
+
     def remove(self, conn_id: int) -> None:
+        self._samples.pop(conn_id, None)
         gone = self.slaves.pop(conn_id, None)
         if gone is not None and gone.broker_id is not None and not any(
                 s.broker_id == gone.broker_id for s in self.slaves.values()):
             self.in_sync.discard(gone.broker_id)
+            self.caught_up_ms.pop(gone.broker_id, None)
+
+    def become_master(self, master_max: int) -> None:
+        """A new term as master. Its SyncStateSet starts as itself, so the confirm offset is its
+        whole log (RocketMQ: the minimum over the SyncStateSet's offsets): a slave joins the
+        in-sync set only once it holds everything this master held at promotion, which covers
+        every message any earlier master acked."""
+        self.confirm_offset = max(self.confirm_offset, master_max)
+        self.in_sync.clear()
+        self.caught_up_ms.clear()
+        self._samples.clear()
 
     def best_ack(self) -> int:
         """push2SlaveMaxOffset: the furthest any connected slave has acked (-1 with none)."""
@@ -386,7 +442,8 @@ class HAServiceCore:
             if s.broker_id is not None:
                 last[s.broker_id] = max(last.get(s.broker_id, s.last_report_ms), s.last_report_ms)
         for b in list(self.in_sync):
-            if b not in acks or master_max - acks[b] > gap or now_ms - last[b] > silence:
+            if (b not in acks or master_max - acks[b] > gap or now_ms - last[b] > silence
+                    or not self._caught_up_recently(b, now_ms)):
                 self.in_sync.discard(b)   # shrink: it rejoins only by reaching the confirm offset again
         return frozenset(self.in_sync)
 
@@ -404,11 +461,21 @@ class HAServiceCore:
         sss = self.sync_state_set if self.sync_state_set is not None else frozenset()
         return (sss | self.in_sync) - {self.master_id}
 
-    def _covered(self, end_offset: int) -> bool:
+    def covered_offset(self) -> int:
+        """Every SYNC_MASTER append ending at or below this offset has the acks it needs: the
+        best slave ack, or with all_ack_in_sync_state_set the lowest ack of the required slaves
+        (no slave required: everything is covered). Waiters sorted by end offset are released
+        up to here, so a report costs O(waiters released)."""
         if not self.all_ack_in_sync_state_set:
-            return self.best_ack() >= end_offset
+            return self.best_ack()
+        required = self._required_slaves()
+        if not required:
+            return NO_LIMIT
         acks = self.acked_by_broker()
-        return all(acks.get(b, -1) >= end_offset for b in self._required_slaves())
+        return min(acks.get(b, -1) for b in required)
+
+    def _covered(self, end_offset: int) -> bool:
+        return self.covered_offset() >= end_offset
 
     def _unavailable(self, end_offset: int) -> bool:
         if not self.all_ack_in_sync_state_set:

@@ -12,6 +12,11 @@ reading): slave hello `{"broker_id", "max_offset"}`, master welcome `{"epochs":
 [[epoch, start], ...], "max_offset", "min_offset"}`. This is RocketMQ 5's HANDSHAKE
 stage: the slave needs the master's epochs to find the consistent point before it
 reports. Then the classic stream: 8-byte reports up, 12-byte-header pushes down.
+
+Security (`PeerSecurity`, node/peer_auth.py): with a cluster secret the master runs the
+mutual challenge-response (listener "ha") on every new connection before it reads the
+hello, and the slave checks the master's proof before it sends anything; with TLS the
+listener requires a client certificate from the cluster CA (mutual TLS).
 """
 
 from __future__ import annotations
@@ -20,22 +25,25 @@ import asyncio
 import itertools
 import json
 import logging
+import socket
 import time
 from typing import Callable, Protocol
 
-from ha.protocol import HAProtocolError, PushDecoder, ReportDecoder, encode_push, encode_report
+from ha.protocol import HAProtocolError, PushDecoder, ReportDecoder, encode_report
 from ha.replication import (CloseLink, ConnState, HAClientCore, HAConnectionCore, HAServiceCore, HATimings,
                             PushVerdict, SendPush)
+from node import limits, peer_auth
+from node.peer_auth import NO_SECURITY, PeerSecurity
 from node.store import layout as L
-from node.store.errors import CorruptRecord, StoreError
+from node.store.errors import StoreError
 
 log = logging.getLogger(__name__)
 
 HANDSHAKE_MAX_BYTES = 64 * 1024
 HANDSHAKE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 3.0
-READ_CHUNK_BYTES = 256 * 1024
-MAX_SLAVE_CONNECTIONS = 64
+READ_CHUNK_BYTES = 1024 * 1024
+PUSH_READ_BYTES = 1024 * 1024   # master: commitlog bytes read at once per push round (then split at the cap)
 TICK_S = 0.5          # how often idle loops look at the clock (heartbeats are 5 s, silence 20 s)
 
 
@@ -118,7 +126,11 @@ class HAService:
     """Accepts slaves and pushes the commitlog to each of them."""
 
     def __init__(self, source: MasterSource, core: HAServiceCore, host: str, port: int,
-                 timings: HATimings = HATimings(), on_ack: Callable[[], None] = lambda: None):
+                 timings: HATimings = HATimings(), on_ack: Callable[[], None] = lambda: None,
+                 security: PeerSecurity = NO_SECURITY, self_id: str = "master"):
+        self.security = security
+        self.self_id = self_id
+        self.auth_failures = 0
         self.source = source
         self.core = core
         self.host = host
@@ -132,7 +144,8 @@ class HAService:
         self._ids = itertools.count(1)
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True)
+        self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True,
+                                                  ssl=self.security.server_ssl)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("HA service listening on %s:%d", self.host, self.port)
 
@@ -171,8 +184,10 @@ class HAService:
         return rows
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if len(self._conns) >= MAX_SLAVE_CONNECTIONS:
-            log.warning("HA: refusing slave connection: %d already", len(self._conns))
+        # Every accepted connection counts, also one still in the secret handshake (haMaxConnections).
+        if len(self._tasks) >= self.t.max_connections:
+            limits.REJECTIONS.add("ha_connections")
+            log.warning("HA: refusing slave connection: %d already (haMaxConnections)", len(self._tasks))
             writer.close()
             return
         task = asyncio.get_running_loop().create_task(self._serve(reader, writer))
@@ -184,6 +199,12 @@ class HAService:
         peer = writer.get_extra_info("peername")
         reports: asyncio.Task | None = None
         try:
+            if self.security.secret is not None:   # before any frame is read
+                try:
+                    await peer_auth.accept_peer(reader, writer, self.security.secret, "ha", self.self_id)
+                except peer_auth.PeerAuthError:
+                    self.auth_failures += 1      # counted and logged (rate-limited) by peer_auth
+                    return
             hello = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
             broker_id = hello.get("broker_id") if isinstance(hello.get("broker_id"), int) else None
             writer.write(encode_frame({"epochs": self.source.ha_epochs(), "max_offset": self.source.ha_max_offset(),
@@ -196,10 +217,15 @@ class HAService:
             self._info[conn_id] = {"addr": addr, "broker_id": broker_id, "from": -1, "rate": RateMeter()}
             log.info("HA: slave %s (broker %s) connected as conn %d", peer, broker_id, conn_id)
             reports = asyncio.get_running_loop().create_task(self._read_reports(reader, conn_id, broker_id))
-            await self._push_loop(writer, core, wake, self._info[conn_id])
-            log.info("HA: conn %d to %s closed: %s", conn_id, peer, core.close_reason)
+            await self._push_loop(writer, core, wake, self._info[conn_id], conn_id)
+            # A refused report (a slave ahead of us, or going back) means that slave cannot follow
+            # until it truncates: a warning, not a quiet info line.
+            (log.warning if core.close_reason.startswith("slave at") or "went back" in core.close_reason
+             else log.info)("HA: conn %d to %s closed: %s", conn_id, peer, core.close_reason)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, StoreError) as e:
             log.warning("HA: conn %d to %s failed: %r", conn_id, peer, e)
+        except Exception as e:   # noqa: BLE001 - never end a slave's link without a word
+            log.error("HA: conn %d to %s failed unexpectedly: %r", conn_id, peer, e, exc_info=True)
         finally:
             if reports is not None:
                 reports.cancel()
@@ -217,34 +243,47 @@ class HAService:
                 if not data:
                     core.close("slave closed the connection")
                     break
+                master_max, t = self.source.ha_max_offset(), now_ms()
                 for r in dec.feed(data):
-                    core.on_report(r.max_offset, self.source.ha_max_offset(), now_ms())
+                    core.on_report(r.max_offset, master_max, t)
                     if core.state is ConnState.CLOSED:
                         break
-                    self.core.on_report(conn_id, broker_id, r.max_offset, now_ms())
+                    self.core.on_report(conn_id, broker_id, r.max_offset, t, master_max)
                 self.on_ack()
         except (OSError, StoreError) as e:
             core.close(f"report stream failed: {e!r}")
+        except Exception as e:   # noqa: BLE001 - close the link loudly rather than stop reading acks
+            log.error("HA: conn %d: report handling failed unexpectedly: %r", conn_id, e, exc_info=True)
+            core.close(f"report handling failed: {e!r}")
         finally:
             wake.set()
 
     async def _push_loop(self, writer: asyncio.StreamWriter, core: HAConnectionCore, wake: asyncio.Event,
-                         info: dict) -> None:
+                         info: dict, conn_id: int) -> None:
+        cap = self.t.max_transfer_bytes
         while core.state is not ConnState.CLOSED:
-            act = core.next_action(now_ms(), self.source.ha_max_offset(), self.source.ha_min_offset())
+            master_max = self.source.ha_max_offset()
+            act = core.next_action(now_ms(), master_max, self.source.ha_min_offset(), PUSH_READ_BYTES)
             if isinstance(act, CloseLink):
                 return
             if isinstance(act, SendPush):
+                # One read of up to PUSH_READ_BYTES, written as pushes of at most `cap` bytes each
+                # and drained once: the per-push work is a header and a slice.
                 data = self.source.ha_read(act.offset, act.size) if act.size else b""
                 if act.size and not data:
                     core.close(f"cannot read {act.size} bytes at {act.offset}")
                     return
-                writer.write(encode_push(act.offset, data, self.t.max_transfer_bytes))
-                await writer.drain()   # backpressure: at most one push queued past the socket buffer
-                core.pushed(act.offset, len(data), now_ms())
+                view, frames, t = memoryview(data), [], now_ms()
+                for pos in range(0, max(1, len(data)), cap):
+                    part = view[pos:pos + cap]
+                    frames += (L.HA_PUSH_HEADER.pack(act.offset + pos, len(part)), part)
+                    core.pushed(act.offset + pos, len(part), t)
+                self.core.on_push(conn_id, master_max, t)   # haMaxTimeSlaveNotCatchup sample
+                writer.writelines(frames)
+                await writer.drain()   # backpressure: at most one read's worth queued past the socket buffer
                 if info["from"] < 0:
                     info["from"] = act.offset
-                info["rate"].add(len(data), now_ms())
+                info["rate"].add(len(data), t)
                 continue
             wake.clear()
             try:
@@ -261,16 +300,21 @@ class HAService:
 class SlaveSink(Protocol):
     """What the slave's HA shell does to the log."""
 
+    segment_size: int
+
     def ha_max_offset(self) -> int: ...
     async def ha_reconcile(self, master_epochs: list[tuple[int, int]], master_max: int, master_min: int) -> None: ...
     async def ha_append(self, verdict: PushVerdict, offset: int, data: bytes) -> None: ...
     async def ha_after_batch(self) -> None: ...
+    def ha_settle(self) -> None: ...
 
 
 class HAClient:
     """Keeps a link to the master; reconnects after any failure (1 s, then up to 5 s apart)."""
 
-    def __init__(self, master_addr: str, sink: SlaveSink, broker_id: int, timings: HATimings = HATimings()):
+    def __init__(self, master_addr: str, sink: SlaveSink, broker_id: int, timings: HATimings = HATimings(),
+                 security: PeerSecurity = NO_SECURITY):
+        self.security = security
         self.master_addr = master_addr
         self.sink = sink
         self.broker_id = broker_id
@@ -284,6 +328,9 @@ class HAClient:
         self.master_offset_seen = -1  # the master's max offset as of the handshake or the last push end
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self.unexpected_errors = 0    # sessions that ended on an error no handler expected
+        self.stalled_sessions = 0     # consecutive sessions that ended without receiving one byte
+        self._session_bytes = 0       # bytes received in the current session
 
     def start(self) -> None:
         assert self._task is None
@@ -302,7 +349,8 @@ class HAClient:
                 "last_error": self.last_error, "max_offset": self.sink.ha_max_offset(),
                 "transferred_bytes_per_s": self.rate.per_second(now_ms()),
                 "last_read_ms": self.last_read_ms, "last_write_ms": self.last_write_ms,
-                "master_offset_seen": self.master_offset_seen}
+                "master_offset_seen": self.master_offset_seen, "stalled_sessions": self.stalled_sessions,
+                "unexpected_errors": self.unexpected_errors}
 
     async def _run(self) -> None:
         backoff = 1.0
@@ -310,18 +358,49 @@ class HAClient:
             try:
                 await self._session()
                 backoff = 1.0
+            except peer_auth.PeerAuthError as e:
+                peer_auth.FAILURES.record("ha_dial", self.master_addr, str(e))
+                self.last_error = repr(e)
             except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, StoreError) as e:
-                if isinstance(e, CorruptRecord) or not isinstance(e, (OSError, asyncio.TimeoutError)):
+                # Link failures (master down, reset, silence) stay quiet here: `_note_no_progress`
+                # reports a run of them. Anything else, a local I/O error included (the slave's
+                # disk full while it truncates or appends), is said every time.
+                if not isinstance(e, (ConnectionError, socket.gaierror, asyncio.TimeoutError,
+                                      asyncio.IncompleteReadError)):
                     log.warning("HA client: link to %s dropped: %r", self.master_addr, e)
                 self.last_error = repr(e)
+            except Exception as e:   # noqa: BLE001 - a bug must not end replication silently
+                # Anything else (an assertion, a listener's error) used to end this task without a
+                # word, and the slave then replicated nothing until restarted: say it, and retry.
+                self.unexpected_errors += 1
+                log.error("HA client: session with %s failed unexpectedly: %r (retrying)", self.master_addr, e,
+                          exc_info=True)
+                self.last_error = repr(e)
             self.connected = False
+            self._note_no_progress()
             await asyncio.sleep(backoff)
             backoff = min(5.0, backoff * 2)
 
+    def _note_no_progress(self) -> None:
+        """A session that ended before any byte arrived made no progress. Say so loudly (the
+        first time, then every 10th), so a slave the master keeps refusing never stalls quietly."""
+        if self._session_bytes > 0:
+            self.stalled_sessions = 0
+            return
+        self.stalled_sessions += 1
+        if self.stalled_sessions in (1, 3) or self.stalled_sessions % 10 == 0:
+            log.warning("HA client: %d session(s) in a row with %s ended before any byte arrived "
+                        "(slave max offset %d, last error %s)", self.stalled_sessions, self.master_addr,
+                        self.sink.ha_max_offset(), self.last_error or "none")
+
     async def _session(self) -> None:
+        self._session_bytes = 0
         host, port = split_addr(self.master_addr)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=self.security.client_ssl),
+                                                CONNECT_TIMEOUT_S)
         try:
+            if self.security.secret is not None:
+                await peer_auth.connect_peer(reader, writer, self.security.secret, "ha", f"broker-{self.broker_id}")
             writer.write(encode_frame({"broker_id": self.broker_id, "max_offset": self.sink.ha_max_offset()}))
             welcome = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
             epochs = [(int(e), int(s)) for e, s in welcome.get("epochs", [])]
@@ -348,27 +427,53 @@ class HAClient:
                 raise ConnectionResetError("master closed the HA connection")
             if data:
                 self.last_read_ms = int(time.time() * 1000)
+                self._session_bytes += len(data)
                 self.rate.add(len(data), now_ms())
                 await self._apply(core, dec, data)
                 await self.sink.ha_after_batch()   # flush per flushDiskType before we report it
+                self.sink.ha_settle()              # framing checked, committed offset moved: then report
             if core.check_silence(now_ms()):
                 raise asyncio.TimeoutError(core.close_reason)
             await self._report(writer, core)
 
     async def _apply(self, core: HAClientCore, dec: PushDecoder, data: bytes) -> None:
+        """Check each push in order, and write contiguous pushes of one file in one append."""
+        seg = self.sink.segment_size
+        run: list[bytes] = []        # in-step pushes not written yet, contiguous from run_off
+        run_off = own = self.sink.ha_max_offset()
         for push in dec.feed(data):
-            verdict = core.on_push(push.offset, len(push.data), self.sink.ha_max_offset(), now_ms())
+            verdict = core.on_push(push.offset, len(push.data), own, now_ms())
             self.master_offset_seen = max(self.master_offset_seen, push.end)
-            if verdict is PushVerdict.DROP:
-                raise HAProtocolError(core.close_reason)
-            if verdict is not PushVerdict.HEARTBEAT:
-                await self.sink.ha_append(verdict, push.offset, push.data)
+            if verdict is PushVerdict.HEARTBEAT:
+                continue
+            if verdict is PushVerdict.APPEND and run and push.offset // seg == run_off // seg:
+                run.append(push.data)
+            else:
+                await self._append_run(run_off, run)
+                run = []
+                if verdict is PushVerdict.DROP:
+                    raise HAProtocolError(core.close_reason)
+                if verdict is PushVerdict.RESET_AND_APPEND:
+                    await self.sink.ha_append(verdict, push.offset, push.data)
+                else:
+                    run_off, run = push.offset, [push.data]
+            own = push.end
+        await self._append_run(run_off, run)
+
+    async def _append_run(self, offset: int, run: list[bytes]) -> None:
+        if run:
+            await self.sink.ha_append(PushVerdict.APPEND, offset, run[0] if len(run) == 1 else b"".join(run))
 
     async def _report(self, writer: asyncio.StreamWriter, core: HAClientCore) -> None:
+        if self._report_now(writer, core):
+            await writer.drain()
+
+    def _report_now(self, writer: asyncio.StreamWriter, core: HAClientCore) -> bool:
+        """Write a report if one is due (no await: the caller drains). True if one was written."""
         off = core.report_due(self.sink.ha_max_offset(), now_ms())
         if off is None:
-            return
+            return False
         writer.write(encode_report(off))
-        await writer.drain()
         self.last_write_ms = int(time.time() * 1000)
         core.reported(off, now_ms())
+        return True

@@ -82,7 +82,9 @@ async def start_controller_reporter(broker, config):
     async def ignore(_reply: dict) -> None:
         return None
 
-    client = ControllerClient(addrs, lambda: dledger_heartbeat(config, broker.log), ignore)
+    from node.peer_auth import peer_security_from_config
+    client = ControllerClient(addrs, lambda: dledger_heartbeat(config, broker.log), ignore,
+                              security=peer_security_from_config(config))
     client.topic_sink = broker.apply_controller_topics   # the leader creates the controller's topics
     client.start()
     log.info("reporting DLedger role to controller(s) %s", addrs)

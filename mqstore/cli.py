@@ -36,12 +36,21 @@ class CliError(Exception):
 # (access key, secret key) that sign every request (aclEnable nodes); set by main from
 # --access-key/--secret-key or MQSTORE_ACCESS_KEY/MQSTORE_SECRET_KEY.
 CREDENTIALS: tuple[str, str] | None = None
+# ssl.SSLContext trusting --tls-ca / MQSTORE_TLS_CA (tlsEnable nodes); None = plain http.
+TLS_CONTEXT: Any = None
 
 
 def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
-    url = f"http://{endpoint}{path}"
+    url = f"{'https' if TLS_CONTEXT is not None else 'http'}://{endpoint}{path}"
     data = json.dumps(doc).encode() if doc is not None else None
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if os.environ.get("MQSTORE_CLUSTER_SECRET_FILE"):   # controllers with a cluster secret (docs/security.md)
+        from node.peer_auth import load_secret, sign_request
+        try:
+            secret = load_secret(secret_file=os.environ["MQSTORE_CLUSTER_SECRET_FILE"])
+        except ValueError as e:
+            raise CliError(f"MQSTORE_CLUSTER_SECRET_FILE: {e}") from None
+        headers.update(sign_request(secret, "mqstore-cli", method, path, data or b""))
     if CREDENTIALS is not None:
         import time
         from node.acl import sign_headers
@@ -49,7 +58,7 @@ def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
                                     int(time.time() * 1000)))
     req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S) as resp:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S, context=TLS_CONTEXT) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
         raise CliError(_describe_error(e)) from None
@@ -63,6 +72,18 @@ def set_credentials(access_key: str | None, secret_key: str | None) -> None:
     if bool(access_key) != bool(secret_key):
         raise CliError("give both --access-key and --secret-key (or MQSTORE_ACCESS_KEY and MQSTORE_SECRET_KEY)")
     CREDENTIALS = (access_key, secret_key) if access_key else None
+
+
+def set_tls_ca(ca_file: str | None) -> None:
+    global TLS_CONTEXT
+    TLS_CONTEXT = None
+    if ca_file:
+        from node.config import ConfigError
+        from node.tls import client_context_from_env
+        try:
+            TLS_CONTEXT = client_context_from_env(ca_file)
+        except (ConfigError, OSError) as e:
+            raise CliError(str(e)) from None
 
 
 def _describe_error(e: urllib.error.HTTPError) -> str:
@@ -150,8 +171,31 @@ def human_s(ms: int) -> str:
     return dt.datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def cluster_list_table(doc: dict) -> str:
+def now_ms() -> int:
+    """The wall clock in ms (one place, so the golden tests can pin it)."""
+    return int(dt.datetime.now().timestamp() * 1000)
+
+
+def _pc_wait(n: dict) -> str:
+    """#PCWait(ms): mqadmin shows the commitlog lock hold time of the put in progress; a node
+    reports its longest log append (replication and flush included) over the last 10 s."""
+    wait = (n.get("cluster") or {}).get("put_wait_ms") if n.get("reachable") else None
+    return "-" if wait is None else "%d" % wait
+
+
+def _hours(n: dict, now: int) -> str:
+    """#Hour: hours of data on disk, from the oldest commitlog record's store time to now
+    (mqadmin's `(now - earliestMessageTimeStamp) / 3600000.0`, "%2.2f"); 0.00 when the log is empty."""
+    c = n.get("cluster") or {}
+    if not n.get("reachable") or "earliest_store_timestamp" not in c:
+        return "-"
+    earliest = c["earliest_store_timestamp"]
+    return "%2.2f" % (max(0, now - earliest) / 3_600_000.0) if earliest else "0.00"
+
+
+def cluster_list_table(doc: dict, now: int | None = None) -> str:
     """mqadmin clusterList: one row per replica; BID 0 is the leader/master, the others count up."""
+    now = now_ms() if now is None else now
     out = ["%-16s  %-22s  %-4s  %-22s %-16s %19s %19s %10s %5s %6s" % (
         "#Cluster Name", "#Broker Name", "#BID", "#Addr", "#Version", "#InTPS(LOAD)", "#OutTPS(LOAD)",
         "#PCWait(ms)", "#Hour", "#SPACE")]
@@ -164,7 +208,7 @@ def cluster_list_table(doc: dict) -> str:
             doc["cluster"], doc["group"], bid, n["api"], _version(n),
             "%9.2f(%s,%sms)" % (c.get("in_tps", 0.0), 0, 0) if n["reachable"] else "-",
             "%9.2f(%s,%sms)" % (c.get("out_tps", 0.0), 0, 0) if n["reachable"] else "-",
-            "-", "-", "%.4f" % space if space is not None else "-"))
+            _pc_wait(n), _hours(n, now), "%.4f" % space if space is not None else "-"))
     return "\n".join(out) + "\n"
 
 
@@ -458,6 +502,8 @@ def _admin(sub, name: str, fn: Callable, help_text: str) -> argparse.ArgumentPar
                    help="sign requests with this access key (aclEnable nodes; env MQSTORE_ACCESS_KEY)")
     p.add_argument("--secret-key", default=os.environ.get("MQSTORE_SECRET_KEY"),
                    help="secret key of --access-key (env MQSTORE_SECRET_KEY)")
+    p.add_argument("--tls-ca", default=os.environ.get("MQSTORE_TLS_CA"),
+                   help="speak https, trusting this PEM CA file (tlsEnable nodes; env MQSTORE_TLS_CA)")
     p.set_defaults(fn=fn, admin=True)
     return p
 
@@ -504,7 +550,7 @@ def build_parser() -> argparse.ArgumentParser:
     _admin(sub, "brokerStatus", cmd_broker_status, "node status")
     _admin(sub, "clusterList", cmd_cluster_list, "replicas of the node's group, roles and TPS")
     _admin(sub, "topicRoute", cmd_topic_route, "route data of a topic").add_argument("-t", "--topic", required=True)
-    p = _admin(sub, "deleteTopic", cmd_delete_topic, "delete a topic's config (data ages out)")
+    p = _admin(sub, "deleteTopic", cmd_delete_topic, "delete a topic: config, consume queues, consumer offsets")
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-c", "--cluster", help="cluster name (printed only)")
     p = _admin(sub, "consumerProgress", cmd_consumer_progress, "consumer offsets and lag (all groups without -g)")
@@ -556,6 +602,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
         if not args.admin:
             return args.fn(args)
         set_credentials(args.access_key, args.secret_key)
+        set_tls_ca(args.tls_ca)
         doc, text = args.fn(args)
     except CliError as e:
         print(f"ERROR: {e}", file=sys.stderr)

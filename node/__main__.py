@@ -7,9 +7,21 @@ Exit codes: 0 clean stop, 1 fatal store error (failed fsync, corrupt committed d
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 from node.config import ConfigError, load_config
+
+
+# A node allocates a few GC-tracked objects per message (drafts, entries, tuples) and frees
+# them in bulk; at CPython's default young-generation threshold (700) the cyclic collector
+# took about 10% of a DLedger leader's CPU. Collecting every 20000 net allocations instead
+# finds the same garbage, far less often (bench.bench_dledger: leader ~11% less CPU per message).
+GC_THRESHOLDS = (20_000, 10, 10)
+
+
+def tune_gc() -> None:
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ConfigError: {e}", file=sys.stderr)
         return 2
     from node.server import main as serve_main
+    tune_gc()
     return serve_main(config)
 
 

@@ -8,6 +8,12 @@ nonce) or 403 (no permission) with `{"error", "message", "retriable": false, "le
 before any handler runs, so it changes nothing. Routes not named in RULES need an admin
 account: a new route is closed until someone decides otherwise.
 
+Node-to-node reads: a request signed with the cluster secret (node/peer_auth.py
+`sign_request`, headers X-MQ-Peer-*) instead of an account is accepted for PEER_READ_ROUTES
+only (GET /cluster, which a node's dashboard fan-out reads), as the internal peer identity;
+it holds no other right: on any other route, or any method but GET, it is refused 403.
+Without a configured cluster secret such requests are refused 401.
+
 The ACL file is re-read when its mtime or size changes, checked at most once per
 `aclReloadIntervalMs` by the request that notices; a file that fails to parse is logged
 and the previous ACL stays in force.
@@ -24,14 +30,18 @@ from typing import Any, Awaitable, Callable
 import msgpack
 from aiohttp import web
 
-from node.acl import (ANY, Account, AclFileError, AuthError, NonceCache, Perm, canonical_target, check_headers,
-                      forbidden, parse_acl, verify)
+from node.acl import (ANY, HEADER_ACCESS_KEY, Account, AclFileError, AuthError, NonceCache, Perm, canonical_target,
+                      check_headers, forbidden, parse_acl, unauthenticated, verify)
 from node.config import BrokerConfig, ConfigError
+from node import peer_auth
 
 log = logging.getLogger(__name__)
 
 MSGPACK = "application/x-msgpack"
 OPEN_ROUTES = {("GET", "/health"), ("GET", "/metrics"), ("GET", "/dashboard"), ("GET", "/dashboard/static/{name}")}
+# Read-only routes a peer may call with a cluster-secret signature. Never a write.
+PEER_READ_ROUTES = {("GET", "/cluster")}
+PEER_LISTENER = "api"     # rocketmq_peer_auth_failures_total{listener="api"}
 
 # (method, route pattern) -> (resource kind, match_info key or body/query field, permission).
 # kind: "topic" / "group" check that permission on the named resource; "any" needs only a
@@ -186,7 +196,29 @@ class RefusalLog:
         self._suppressed = 0
 
 
-def make_middleware(store: AclStore, nonces: NonceCache, wall_clock_ms: Callable[[], int]):
+def _peer_signed(request: web.Request) -> bool:
+    """Signed with the cluster secret rather than an account (no X-MQ-AccessKey)."""
+    return peer_auth.HDR_PROOF in request.headers and HEADER_ACCESS_KEY not in request.headers
+
+
+async def check_peer(request: web.Request, pattern: str | None, verifier: peer_auth.RequestVerifier | None) -> str:
+    """The peer id of a cluster-secret-signed request on a PEER_READ_ROUTES route, else AuthError."""
+    if (request.method, pattern) not in PEER_READ_ROUTES:
+        raise forbidden(f"a cluster-secret signature allows only "
+                        f"{', '.join(f'{m} {p}' for m, p in sorted(PEER_READ_ROUTES))}; "
+                        f"{request.method} {pattern or request.path} needs an account's signature")
+    if verifier is None:
+        raise unauthenticated("this node has no cluster secret: sign with an account from the ACL file")
+    raw = await request.read()
+    try:
+        return verifier.verify(request.method, request.raw_path, request.headers, raw)
+    except peer_auth.PeerAuthError as e:
+        peer_auth.FAILURES.record(PEER_LISTENER, request.remote, str(e))
+        raise unauthenticated(str(e)) from None
+
+
+def make_middleware(store: AclStore, nonces: NonceCache, wall_clock_ms: Callable[[], int],
+                    peer_verifier: peer_auth.RequestVerifier | None = None):
     refusals = RefusalLog()
 
     @web.middleware
@@ -195,6 +227,13 @@ def make_middleware(store: AclStore, nonces: NonceCache, wall_clock_ms: Callable
         pattern = resource.canonical if resource is not None else None
         method = "GET" if request.method == "HEAD" else request.method
         if (method, pattern) in OPEN_ROUTES:
+            return await handler(request)
+        if _peer_signed(request):
+            try:
+                await check_peer(request, pattern, peer_verifier)
+            except AuthError as e:
+                refusals.note(request, e)
+                return _error(request, e)
             return await handler(request)
         try:
             check_headers(request.headers)    # refuse unsigned requests before buffering their bodies
@@ -233,4 +272,9 @@ def install(app: web.Application, config: BrokerConfig) -> None:
     preflight(config)
     store = AclStore(config.acl_file, config.acl_reload_interval_ms)
     nonces = NonceCache(config.acl_replay_window_ms, config.acl_nonce_cache_size)
-    app.middlewares.append(make_middleware(store, nonces, lambda: int(time.time() * 1000)))
+    try:
+        secret = peer_auth.load_secret(config.cluster_secret, config.cluster_secret_file)
+    except ValueError as e:
+        raise ConfigError(f"clusterSecret: {e}") from None
+    verifier = peer_auth.RequestVerifier(secret) if secret is not None else None
+    app.middlewares.append(make_middleware(store, nonces, lambda: int(time.time() * 1000), verifier))

@@ -27,12 +27,13 @@ import msgpack
 
 from node.config import BrokerConfig
 from node.metrics import TrafficStats
-from node.replicated_log import PutResult, ReplicatedLog
+from node.replicated_log import ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
 from node.store.errors import (ApplyTimeout, BadRequest, CorruptRecord, InvalidMessage, MessageNotFound,
                                MessageTooLarge, NoPermission, NotLeader, StoreError, TopicNotExist)
 from node.store.message import MessageDraft, StoredMessage
+from node.store.scrub import CorruptData, CorruptionRegistry, report_read_failure, scrubber_for
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ MAX_QUERY_RESULTS = 64                 # RocketMQ caps a key query at 64 (maxMsg
 MAX_PULL_BYTES = 4 * 1024 * 1024       # a pull stops adding messages past this (at least one is sent)
 SYSTEM_APPLY_TIMEOUT_S = 10.0          # how long a commit waits for its record to be applied
 REPLAY_BATCH_UNITS = 1024
+PUT_WAIT_WINDOW_S = 10.0               # clusterList #PCWait: the longest log append within this window
 SYSTEM_QUEUE = 0
 
 PULL_FOUND = "FOUND"
@@ -293,15 +295,25 @@ class Broker:
         self.offsets: dict[str, dict[int, int]] = {}      # "topic@group" -> queue -> offset
         self._offsets_dirty = False
         self._offset_replay_from = 0                        # next system-queue offset to replay
+        self._deleted: dict[str, int] = {}                  # deleted topic -> log position of the deletion
+        self._put_wait = (0.0, float("-inf"))              # (longest recent log append s, when: monotonic)
+        self._oldest = (-1, 0)                             # (log min position, its record's store time)
         self._round_robin: dict[str, itertools.count] = {}
         self._waiters = _Waiters(config.long_polling_max_waiters)
         self._applied = _AppliedMark()
         self._tasks: list[asyncio.Task] = []
         self._store_ip = M.host_bytes(config.broker_ip1)
+        # offsetMsgId = these 16 hex digits (store ip and port) + the physical offset's 16.
+        self._offset_id_prefix = M.encode_offset_msg_id(self._store_ip, config.listen_port, 0)[:16]
         self.ready = False
         self.messages_in = 0                               # user messages acked (metrics)
         self.traffic = TrafficStats()                      # per-topic in/out counts (metrics, TPS)
         self.fatal: BaseException | None = None            # set when a background task dies
+        # Known corrupt ranges (node/store/scrub.py): the log's own registry when it has one (DLedger).
+        registry = getattr(rlog, "corruption", None)
+        self.corruption: CorruptionRegistry = registry if registry is not None else CorruptionRegistry()
+        self.scrubber = scrubber_for(rlog, self.corruption, config.store_scrub_interval_ms,
+                                     config.store_scrub_rate_mb) if config.store_scrub_rate_mb > 0 else None
         from node.client_api import ClientServices        # (late: it imports this module)
         self.services = ClientServices(self)               # delay, transactions, group members
 
@@ -317,6 +329,7 @@ class Broker:
         self._load_snapshots()  # before dispatch: records dispatched now apply on top of it
         # The dispatcher recovers the consume queues itself (cut past the log end, drop expired).
         await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
+        self._load_deletions()  # before dispatch: re-dispatch must not resurrect deleted topics
         await _maybe_await(self.dispatcher.catch_up())
         init = getattr(self.log, "init_queue_offsets", None)
         if init is not None:
@@ -327,6 +340,8 @@ class Broker:
                        asyncio.create_task(self._guard("retention", self._retention_loop)),
                        asyncio.create_task(self._guard("offset-snapshot", self._snapshot_loop)),
                        asyncio.create_task(self._guard("schedule", self.services.schedule.run))]
+        if self.scrubber is not None:
+            self._tasks.append(asyncio.create_task(self._guard("scrubber", self.scrubber.run)))
         self.ready = True
         client = getattr(self.log, "controller_client", None)
         if client is not None:   # classic HA with a controller: apply the topics its heartbeats carry
@@ -444,15 +459,68 @@ class Broker:
             return
         if rec.get("deleted"):
             self.topics.pop(cfg.topic, None)
+            self._drop_topic_data(cfg.topic, msg.physical_offset)
         else:
             self.topics[cfg.topic] = cfg
         self._offsets_dirty = True
+
+    def _drop_topic_data(self, topic: str, deleted_at: int) -> None:
+        """RocketMQ deleteTopic: the topic's consume queues and consumer offsets go; its records
+        stay in the commitlog until retention, but nothing below `deleted_at` (the deletion
+        record's position) is dispatched or applied for it again. Offsets are purged only
+        when this deletion is new: replaying a known one must not drop the offsets of a
+        topic created again since (those come from records past `deleted_at`)."""
+        if deleted_at > self._deleted.get(topic, -1):
+            self._deleted[topic] = deleted_at
+            self._purge_offsets(topic)
+        drop = getattr(self.dispatcher, "drop_topic", None)
+        if drop is not None:
+            drop(topic, deleted_at)
+
+    def _purge_offsets(self, topic: str) -> None:
+        for key in [k for k in self.offsets if k.rpartition("@")[0] == topic]:
+            del self.offsets[key]
+        self._offsets_dirty = True
+
+    def _load_deletions(self) -> None:
+        """Deletions already in the topic-config queue, applied before re-dispatch. The
+        offsets snapshot may predate a deletion (a crash before the next save): it does
+        when its last applied consumer-offset record lies below the deletion record."""
+        cq = self.cq_store.get(SYS_TOPIC_CONFIG, SYSTEM_QUEUE)
+        if cq is None:
+            return
+        offset, end = cq.min_offset, cq.max_offset
+        found: dict[str, int] = {}
+        while offset < end:
+            units = cq.get_range(offset, REPLAY_BATCH_UNITS)
+            if not units:
+                break
+            for phys, size, _tags in units:
+                msg = self._read_unit(phys, size)
+                rec = _unpack_system(msg) if msg is not None else None
+                if rec is not None and rec.get("deleted") and isinstance(rec.get("topic"), str):
+                    found[rec["topic"]] = max(phys, found.get(rec["topic"], -1))
+            offset += len(units)
+        offsets_cq = self.cq_store.get(SYS_CONSUMER_OFFSET, SYSTEM_QUEUE)
+        last = offsets_cq.get(self._offset_replay_from - 1) if offsets_cq is not None else None
+        snapshot_phys = last[0] if last is not None else -1
+        for topic, at in found.items():
+            self._deleted[topic] = at
+            if snapshot_phys < at:
+                self._purge_offsets(topic)
+            drop = getattr(self.dispatcher, "drop_topic", None)
+            if drop is not None:
+                drop(topic, at)
+        if found:
+            log.info("deleted topics known before dispatch", extra={"topics": sorted(found)})
 
     def _apply_consumer_offset(self, msg: StoredMessage) -> None:
         self._applied.advance(msg.physical_offset)
         rec = _unpack_system(msg)
         if rec is None:
             return
+        if msg.physical_offset < self._deleted.get(str(rec.get("topic")), -1):
+            return      # an offset of a topic deleted after it was committed
         try:
             key = f"{rec['topic']}@{rec['group']}"
             self.offsets.setdefault(key, {})[int(rec["queue_id"])] = int(rec["offset"])
@@ -487,21 +555,22 @@ class Broker:
 
     async def apply_controller_topics(self, wanted: dict[str, tuple[int, int]]) -> list[str]:
         """Create, or grow to `queues`, the topics the controller holds for this group
-        (`{topic: (queues, perm)}`); never deletes or shrinks. Only a writer (standalone,
+        (`{topic: (queues, perm)}`), and take the controller's perm for them (the controller is
+        where their perm is changed); never deletes or shrinks. Only a writer (standalone,
         master, leader) writes; its replicas get the topics through the log. Returns the
-        topics created or grown."""
+        topics created, grown or re-permed."""
         done: list[str] = []
         for topic, (queues, perm) in sorted(wanted.items()):
             if not self.ready or self.log.role() not in ("STANDALONE", "MASTER", "LEADER"):
                 break
             cur = self.topics.get(topic)
-            if cur is not None and min(cur.read_queue_nums, cur.write_queue_nums) >= queues:
+            if cur is not None and min(cur.read_queue_nums, cur.write_queue_nums) >= queues and cur.perm == perm:
                 continue
             try:
                 if cur is None:
                     await self.create_topic(topic, queues, perm)
-                else:   # grow the queues, keep the broker's perm
-                    await self.create_topic(topic, perm=cur.perm, read_queues=max(cur.read_queue_nums, queues),
+                else:   # grow the queues and/or take the controller's perm; never shrink
+                    await self.create_topic(topic, perm=perm, read_queues=max(cur.read_queue_nums, queues),
                                             write_queues=max(cur.write_queue_nums, queues))
             except NotLeader:
                 break
@@ -543,6 +612,11 @@ class Broker:
     # --- send ------------------------------------------------------------------------------------
     async def send(self, topic: Any, messages: Sequence[OutgoingMessage]) -> list[SendResult]:
         """Append a batch atomically (one log append); results in request order."""
+        return [SendResult(*row) for row in await self.send_rows(topic, messages)]
+
+    async def send_rows(self, topic: Any, messages: Sequence[OutgoingMessage]) -> list[tuple[str, str, str, int, int]]:
+        """`send`, with each result as a `(status, msg_id, offset_msg_id, queue_id, queue_offset)`
+        tuple (SendResult's fields in order): the batched HTTP path renders these directly."""
         cfg = await self._topic_for_send(topic)
         if not messages:
             raise BadRequest("messages must hold at least one message")
@@ -550,12 +624,73 @@ class Broker:
             raise BadRequest(f"{len(messages)} messages in one request; the limit is {self.config.max_batch_messages}")
         default_qid = next(self._round_robin.setdefault(cfg.topic, itertools.count())) % cfg.write_queue_nums
         now_ms = self.clock_ms()   # one born timestamp for the messages of a batch that carry none
-        drafts = [self._draft(cfg, m, i, default_qid, now_ms) for i, m in enumerate(messages)]
-        results = await self.log.append(drafts)
-        assert len(results) == len(drafts), "log returned a result per draft"
+        drafts, body_bytes = self._drafts(cfg, messages, default_qid, now_ms)
+        packed = getattr(self.log, "append_packed", None)
+        t0 = time.monotonic()
+        if packed is not None:   # one status and store time for the whole batch, (phys, size, qoff) each
+            status, _ts, placed = await packed(drafts)
+            statuses: Any = itertools.repeat(status.value)
+        else:
+            results = await self.log.append(drafts)
+            statuses = [r.status.value for r in results]
+            placed = [(r.physical_offset, r.size, r.queue_offset) for r in results]
+        t1 = time.monotonic()
+        if t1 - t0 >= self._put_wait[0] or t1 - self._put_wait[1] > PUT_WAIT_WINDOW_S:
+            self._put_wait = (t1 - t0, t1)
+        assert len(placed) == len(drafts), "log returned a result per draft"
         self.messages_in += len(drafts)
-        self.traffic.sent(cfg.topic, len(drafts), sum(len(d.body) for d in drafts))
-        return [self._send_result(d, r) for d, r in zip(drafts, results)]
+        self.traffic.sent(cfg.topic, len(drafts), body_bytes)
+        return self._send_rows(drafts, statuses, placed)
+
+    def _drafts(self, cfg: TopicConfig, messages: Sequence[OutgoingMessage], default_qid: int,
+                now_ms: int) -> tuple[list[MessageDraft], int]:
+        """Sealed drafts of a batch and their total body bytes. A message with only a body, a
+        tag and maybe a queue id and born time (the batched producer's shape) takes the
+        cached-suffix path; any other goes through `_draft`. Both check the same things."""
+        max_size = self.config.max_message_size
+        write_queues = cfg.write_queue_nums
+        topic = cfg.topic
+        plain = MessageDraft.sealed_plain
+        drafts: list[MessageDraft] = []
+        add = drafts.append
+        body_bytes = 0
+        for i, m in enumerate(messages):
+            body = m.body
+            n = len(body)
+            body_bytes += n
+            qid = m.queue_id
+            if m.properties or m.keys or n > max_size or (qid is not None and type(qid) is not int) \
+                    or (m.tags is not None and type(m.tags) is not str):
+                add(self._draft(cfg, m, i, default_qid, now_ms))
+                continue
+            if qid is None:
+                qid = default_qid
+            elif not 0 <= qid < write_queues:
+                add(self._draft(cfg, m, i, default_qid, now_ms))   # words the error
+                continue
+            try:
+                add(plain(topic, qid, body, m.tags or None, m.born_timestamp or now_ms or self.clock_ms()))
+            except InvalidMessage as e:
+                raise BadRequest(f"messages[{i}]: {e}") from None
+        return drafts, body_bytes
+
+    def _send_rows(self, drafts: list[MessageDraft], statuses: Any,
+                   placed: Sequence[tuple[int, int, int]]) -> list[tuple[str, str, str, int, int]]:
+        prefix = self._offset_id_prefix
+        uniq_key, real_qid = M.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, M.PROPERTY_REAL_QUEUE_ID
+        rows = []
+        add = rows.append
+        for d, status, (phys, _size, qoff) in zip(drafts, statuses, placed):
+            assert phys >= 0, "a stored message has a physical offset"
+            offset_id = prefix + format(phys, "016X")
+            props = d.properties
+            if uniq_key in props or real_qid in props:
+                # the user's queue, not the schedule/half one; the producer's UNIQ_KEY as msg_id
+                add((status, props.get(uniq_key) or offset_id, offset_id,
+                     int(props.get(real_qid, d.queue_id)), qoff))
+            else:
+                add((status, offset_id, offset_id, d.queue_id, qoff))
+        return rows
 
     async def _topic_for_send(self, topic: Any) -> TopicConfig:
         topic = check_user_topic(topic)
@@ -592,12 +727,6 @@ class Broker:
             return draft.seal(self.config.max_message_size)
         except InvalidMessage as e:
             raise BadRequest(f"{where}: {e}") from None
-
-    def _send_result(self, d: MessageDraft, r: PutResult) -> SendResult:
-        offset_id = M.encode_offset_msg_id(self._store_ip, self.config.listen_port, r.physical_offset)
-        msg_id = d.properties.get(M.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or offset_id
-        qid = int(d.properties.get(M.PROPERTY_REAL_QUEUE_ID, d.queue_id))  # the user's queue, not the schedule/half one
-        return SendResult(r.status.value, msg_id, offset_id, qid, r.queue_offset)
 
     # --- pull ------------------------------------------------------------------------------------
     async def pull(self, topic: Any, queue_id: Any, offset: Any, max_msgs: Any = None,
@@ -657,7 +786,12 @@ class Broker:
                 scan_left -= 1
                 if phys < min_phys or (sub.codes and code not in sub.codes):
                     continue  # expired from the log, or a tag the subscription does not want
-                msg = self._read_unit(phys, unit_size)
+                try:
+                    msg = self._read_unit_checked(phys, unit_size)
+                except CorruptData:
+                    if out:
+                        return out, offset - 1   # serve what is intact; the next pull reports the damage
+                    raise
                 if msg is None or (sub.tags and msg.tags not in sub.tags):
                     continue  # hash collision: the tag string decides, like RocketMQ's consumer
                 out.append(msg)
@@ -740,7 +874,8 @@ class Broker:
         return out
 
     async def delete_topic(self, topic: Any) -> TopicConfig:
-        """mqadmin deleteTopic: the topic config goes (replicated); its data ages out with retention."""
+        """mqadmin deleteTopic: the topic config, its consume queues and its consumer offsets go
+        (replicated: every replica applies the record); its commitlog records age out with retention."""
         cfg = self.topic(topic)
         await self._append_system(SYS_TOPIC_CONFIG, {**cfg.to_dict(), "deleted": True})
         return cfg
@@ -773,7 +908,7 @@ class Broker:
             msg = self._read_at(phys)
             # The index hashes keys, so check what it pointed at really carries the key.
             if msg is not None and msg.topic == cfg.topic and key in _index_keys(msg) \
-                    and begin <= msg.store_timestamp <= end:
+                    and begin <= msg.store_timestamp <= end and phys >= self._deleted.get(cfg.topic, -1):
                 out.append(msg)
         out.sort(key=lambda m: m.physical_offset)
         return out
@@ -782,35 +917,45 @@ class Broker:
         cfg = self.topic(topic)
         qid = check_int("queue_id", queue_id, 0, MAX_QUEUES_PER_TOPIC)
         qoff = check_int("queue_offset", queue_offset, 0, 1 << 62)
-        msg = self._message_at(cfg.topic, qid, qoff)
+        msg = self._message_at(cfg.topic, qid, qoff, strict=True)
         if msg is None:
             lo, hi = self._queue_bounds(cfg.topic, qid)
             raise MessageNotFound(f"no message at {cfg.topic}/{qid} offset {qoff} (queue holds [{lo}, {hi}))")
         return msg
 
     # --- reading ---------------------------------------------------------------------------------------
-    def _message_at(self, topic: str, qid: int, qoff: int) -> StoredMessage | None:
+    def _message_at(self, topic: str, qid: int, qoff: int, strict: bool = False) -> StoredMessage | None:
         cq = self.cq_store.get(topic, qid)
         unit = cq.get(qoff) if cq is not None else None
         if unit is None or unit[0] < self.log.min_physical_offset:
             return None
-        return self._read_unit(unit[0], unit[1])
+        return self._read_unit_checked(unit[0], unit[1]) if strict else self._read_unit(unit[0], unit[1])
 
     def _read_unit(self, phys: int, size: int) -> StoredMessage | None:
-        """The record a consume-queue unit points at; None if it expired meanwhile."""
+        """The record a consume-queue unit points at; None if it expired meanwhile or fails its CRC
+        (then already reported: ERROR line, metric, /health). For internal readers."""
+        try:
+            return self._read_unit_checked(phys, size)
+        except CorruptData:
+            return None
+
+    def _read_unit_checked(self, phys: int, size: int) -> StoredMessage | None:
+        """Like _read_unit, but a record whose CRC fails raises CorruptData (consumer-facing reads)."""
+        # Never serve, and never step past, a record whose CRC fails: the pull fails (retriable)
+        # and the damage is logged, counted and shown in /health (node/store/scrub.py).
+        self.corruption.check(phys, phys + size)
         try:
             return M.decode_record(self.log.read(phys, size))
         except KeyError:
             return None
-        except CorruptRecord:
-            # Units are written from committed, checked records; a bad one is damage worth a log line.
-            log.error("consume-queue unit points at a bad record", extra={"phys": phys, "size": size})
-            return None
+        except CorruptRecord as e:
+            raise report_read_failure(self.log, self.corruption, phys, e) from None
 
     def _read_at(self, phys: int) -> StoredMessage | None:
         """The record starting at `phys` without knowing its size (offsetMsgId, index hits)."""
         if phys < 0:
             return None
+        self.corruption.check(phys, phys + 1)
         reader = getattr(self.log, "read_record", None)
         try:
             if reader is not None:
@@ -818,14 +963,18 @@ class Broker:
             # Fallback through the Protocol: scan one record from its log position.
             delta = L.ENTRY_HEADER.size if self.log.mode == "dledger" else 0
             batch = self.log.scan(phys - delta, 1)
-        except (KeyError, CorruptRecord, ValueError, AssertionError):
+        except CorruptRecord as e:
+            if reader is None:   # the framing found no record at phys: a wrong id, not damage
+                return None
+            raise report_read_failure(self.log, self.corruption, phys, e) from None
+        except (KeyError, ValueError, AssertionError):
             return None
         if not batch.records or batch.records[0].physical_offset != phys:
             return None
         try:
             return M.decode_record(batch.records[0].data)
-        except CorruptRecord:
-            return None
+        except CorruptRecord as e:
+            raise report_read_failure(self.log, self.corruption, phys, e) from None
 
     # --- status -----------------------------------------------------------------------------------------
     @property
@@ -836,7 +985,7 @@ class Broker:
         st = self.log.status()
         out = {"status": "UP" if self.ready and self.fatal is None else "DOWN", "mode": self.log.mode,
                "role": self.log.role(), "group": self.config.group, "node_id": self.config.node_id,
-               "committed_offset": self.log.committed_position}
+               "committed_offset": self.log.committed_position, "corrupt": self.corruption.as_list()}
         for k in ("term", "leader"):
             if st.get(k) is not None:
                 out[k] = st[k]
@@ -850,7 +999,33 @@ class Broker:
                 "leader": self.log.leader(), "committed_offset": self.log.committed_position,
                 "min_offset": self.log.min_position,
                 "dispatch_behind_bytes": int(getattr(self.dispatcher, "behind_bytes", 0)),
-                "log": self.log.status()}
+                "corrupt": self.corruption.as_list(), "log": self.log.status(),
+                "put_wait_ms": self.put_wait_ms(), "earliest_store_timestamp": self.earliest_store_timestamp()}
+
+    def put_wait_ms(self) -> int:
+        """The longest log append (replication and flush included) in the last PUT_WAIT_WINDOW_S,
+        in ms: what mqadmin clusterList shows as #PCWait (0 when nothing was sent lately)."""
+        wait_s, at = self._put_wait
+        return int(wait_s * 1000) if time.monotonic() - at <= PUT_WAIT_WINDOW_S else 0
+
+    def earliest_store_timestamp(self) -> int | None:
+        """Store time of the oldest record in the log (clusterList #Hour), None when the log is
+        empty or its head cannot be read; read once per head position."""
+        lo = self.log.min_position
+        if lo >= self.log.committed_position:
+            return None
+        if self._oldest[0] != lo:
+            try:
+                batch = self.log.scan(lo, 1)
+                rec = batch.records[0] if batch.records else None
+                ts = L.MESSAGE_HEADER.unpack_from(rec.data, 0)[11] if rec is not None else 0
+            except (CorruptRecord, KeyError, ValueError, IndexError, AssertionError) as e:
+                log.warning("cannot read the oldest record at log position %d: %s", lo, e)
+                return None
+            if not ts:
+                return None
+            self._oldest = (lo, ts)
+        return self._oldest[1]
 
 
 async def _maybe_await(value: Any) -> Any:

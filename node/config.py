@@ -76,6 +76,11 @@ class BrokerConfig:
     disk_space_warning_level_ratio_pct: int = _key("diskSpaceWarningLevelRatio", 90)
     # Period of the consumer-offset snapshot to config/consumerOffset.json, ms.
     flush_consumer_offset_interval_ms: int = _key("flushConsumerOffsetInterval", 5000)
+    # (ours) Pause between two scrubber passes over the committed log, ms (node/store/scrub.py);
+    # the first pass starts one interval after start.
+    store_scrub_interval_ms: int = _key("storeScrubIntervalMs", 600_000)
+    # (ours) Scrubber read rate, MB/s (CRC checks of old data); 0 turns the scrubber off.
+    store_scrub_rate_mb: int = _key("storeScrubRateMb", 4)
 
     # --- network --------------------------------------------------------------------------
     # HTTP API port (RocketMQ's remoting port); /metrics is served here too.
@@ -96,6 +101,13 @@ class BrokerConfig:
     ha_max_gap_not_in_sync_bytes: int = _key("haMaxGapNotInSync", 256 * MIB)
     # Classic HA: SYNC_MASTER waits this long for a slave's ack before FLUSH_SLAVE_TIMEOUT, ms.
     ha_slave_ack_timeout_ms: int = _key("haSlaveAckTimeout", 5000)
+    # Classic HA: a slave that has not held everything the master held at some moment within
+    # this many ms leaves the master's in-sync set (and so the SyncStateSet), ms.
+    ha_max_time_slave_not_catchup_ms: int = _key("haMaxTimeSlaveNotCatchup", 15_000)
+    # Classic HA with a controller (ours): a master that has not heard the leader controller
+    # confirm it for this long stops writing. Keep it below the controller's heartbeat timeout
+    # (3000 ms by default) so a cut-off master stops before another can be elected, ms.
+    controller_lease_timeout_ms: int = _key("controllerLeaseTimeoutMills", 2000)
     # Classic HA: SYNC_MASTER acks only when every SyncStateSet member has the message.
     all_ack_in_sync_state_set: bool = _key("allAckInSyncStateSet", False)
     # Classic HA: fewest SyncStateSet members (master included) for a SYNC_MASTER write.
@@ -141,6 +153,23 @@ class BrokerConfig:
     rebalance_lock_max_live_time_ms: int = _key("rebalanceLockMaxLiveTimeMs", 60_000)
     # (ours) Largest HTTP request body, bytes: room for one max-size message in base64 JSON.
     max_request_bytes: int = _key("maxRequestBytes", 32 * MIB)
+    # --- hard limits (node/limits.py; each refusal counts in rocketmq_limit_rejections_total) ---
+    # (ours) Most properties on one message (user properties; TAGS/KEYS are added after).
+    max_properties_per_message: int = _key("maxPropertiesPerMessage", 256)
+    # (ours) Longest property name / value, UTF-8 bytes.
+    max_property_name_bytes: int = _key("maxPropertyNameBytes", 255)
+    max_property_value_bytes: int = _key("maxPropertyValueBytes", 16_384)
+    # (ours) Encoded properties of one message (name \x01 value \x02 each), bytes; the record
+    # format caps it at 32,767.
+    max_properties_bytes: int = _key("maxPropertiesBytes", 32_767)
+    # (ours) Most keys on one message (each is indexed).
+    max_keys_per_message: int = _key("maxKeysPerMessage", 64)
+    # (ours) HTTP requests in flight from one client address; beyond it 429 (retriable).
+    max_inflight_requests_per_client: int = _key("maxInflightRequestsPerClient", 4096)
+    # (ours) Inbound Raft connections held at once; beyond it a new one is closed on accept.
+    raft_max_inbound_connections: int = _key("raftMaxInboundConnections", 32)
+    # (ours) Inbound HA (slave) connections held at once on the master; beyond it closed on accept.
+    ha_max_connections: int = _key("haMaxConnections", 64)
     # Delay levels for scheduled messages and retries (RocketMQ's messageDelayLevel).
     message_delay_level: str = _key("messageDelayLevel",
                                     "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
@@ -158,6 +187,21 @@ class BrokerConfig:
     acl_reload_interval_ms: int = _key("aclReloadIntervalMs", 1000)
     # (ours) Python logging level of the node.
     log_level: str = _key("logLevel", "INFO")
+
+    # --- peer security (node/peer_auth.py, node/tls.py, docs/security.md) ------------------------
+    # Shared secret every Raft / HA peer proves it knows (challenge-response) before any frame is
+    # read; it also signs requests to the controller. Empty (and no file) = peer auth off.
+    # At least 16 bytes. Never shown by GET /config or /cluster.
+    cluster_secret: str = field(default="", metadata={"key": "clusterSecret", "secret": True})
+    # File holding the cluster secret (trailing whitespace dropped); preferred over clusterSecret.
+    cluster_secret_file: str = _key("clusterSecretFile", "")
+    # TLS on every listener: mutual TLS on Raft/HA ports, server-auth TLS on the HTTP API.
+    tls_enable: bool = _key("tlsEnable", False)
+    # PEM certificate (chain) and private key of this node; its names/IPs must match how peers dial it.
+    tls_cert_file: str = _key("tlsCertFile", "")
+    tls_key_file: str = _key("tlsKeyFile", "")
+    # PEM CA bundle that peer certificates must chain to (required with tlsEnable=true).
+    tls_ca_file: str = _key("tlsCaFile", "")
 
     # --- derived ----------------------------------------------------------------------------
     @property
@@ -290,8 +334,21 @@ def _check_names(c: BrokerConfig) -> None:
         _fail("log_level", f"must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {c.log_level!r}")
 
 
+def _check_peer_security(c: BrokerConfig) -> None:
+    if c.cluster_secret and c.cluster_secret_file:
+        _fail("cluster_secret", "give clusterSecret or clusterSecretFile, not both")
+    if c.cluster_secret and not 16 <= len(c.cluster_secret.encode("utf-8")) <= 4096:
+        _fail("cluster_secret", "must be 16..4096 bytes (generate one: "
+              "python3 -c 'import secrets; print(secrets.token_urlsafe(32))')")
+    if c.tls_enable:
+        for attr in ("tls_cert_file", "tls_key_file", "tls_ca_file"):
+            if not getattr(c, attr):
+                _fail(attr, "required when tlsEnable=true")
+
+
 _CHECKS = (
     _check_names,
+    _check_peer_security,
     _one_of("broker_role", BROKER_ROLES),
     _one_of("flush_disk_type", FLUSH_DISK_TYPES),
     _in_range("broker_id", 0, 1_000),
@@ -312,6 +369,8 @@ _CHECKS = (
     _in_range("disk_max_used_space_ratio_pct", 10, 95),
     _in_range("disk_space_warning_level_ratio_pct", 10, 99),
     _in_range("flush_consumer_offset_interval_ms", 100, 600_000),
+    _in_range("store_scrub_interval_ms", 10, 86_400_000),
+    _in_range("store_scrub_rate_mb", 0, 10_000),
     _check_ip,
     _check_dledger,
     _in_range("default_topic_queue_nums", 1, 1024),
@@ -322,8 +381,18 @@ _CHECKS = (
     _in_range("max_batch_messages", 1, 100_000),
     _in_range("rebalance_lock_max_live_time_ms", 100, 600_000),
     _in_range("max_request_bytes", 1, 1 << 31),
+    _in_range("max_properties_per_message", 1, 4096),
+    _in_range("max_property_name_bytes", 1, 32_767),
+    _in_range("max_property_value_bytes", 1, 32_767),
+    _in_range("max_properties_bytes", 1, 32_767),
+    _in_range("max_keys_per_message", 1, 1024),
+    _in_range("max_inflight_requests_per_client", 1, 1_000_000),
+    _in_range("raft_max_inbound_connections", 1, 4096),
+    _in_range("ha_max_connections", 1, 4096),
     _in_range("ha_max_gap_not_in_sync_bytes", 0, 1 << 40),
     _in_range("ha_slave_ack_timeout_ms", 1, 600_000),
+    _in_range("ha_max_time_slave_not_catchup_ms", 100, 3_600_000),
+    _in_range("controller_lease_timeout_ms", 100, 600_000),
     _in_range("min_in_sync_replicas", 1, 16),
     _in_range("broker_election_priority", -1, 1 << 30),
     _check_delay_levels,
@@ -470,5 +539,7 @@ def to_properties(config: BrokerConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)
+        if f.metadata.get("secret"):
+            v = "<redacted>" if v else ""   # secrets never leave the node through the API
         out[f.metadata["key"]] = str(v).lower() if isinstance(v, bool) else str(v)
     return out

@@ -166,6 +166,14 @@ class LocalLog:
     async def append(self, drafts: Sequence[MessageDraft]) -> list[PutResult]:
         if not drafts:
             return []
+        status, ts, placed = await self.append_packed(drafts)
+        return [PutResult(status, p, s, q, ts) for p, s, q in placed]
+
+    async def append_packed(self, drafts: Sequence[MessageDraft]) -> tuple[PutStatus, int, list[tuple[int, int, int]]]:
+        """`append` without a result object per message: the batch's status and store time,
+        and `(physical_offset, size, queue_offset)` per draft (the broker's batched path)."""
+        if not drafts:
+            return PutStatus.SEND_OK, int(time.time() * 1000), []
         self._check_writable()
         if self._sync:
             while len(self._acks) >= self.config.max_pending_sync_acks:  # bounded: wait for fsyncs
@@ -180,9 +188,8 @@ class LocalLog:
             placed = self._write(drafts, ts)
         if not self._sync:
             self._set_committed(self.commitlog.max_offset)
-            return [PutResult(PutStatus.SEND_OK, p, s, q, ts) for p, s, q in placed]
-        status = await self._await_flush(self.commitlog.max_offset)
-        return [PutResult(status, p, s, q, ts) for p, s, q in placed]
+            return PutStatus.SEND_OK, ts, placed
+        return await self._await_flush(self.commitlog.max_offset), ts, placed
 
     def _check_writable(self) -> None:
         if self.fatal is not None:
@@ -357,6 +364,11 @@ class LocalLog:
         # written by this process; the dispatcher checks each field it uses, readers
         # (pull, query) check the CRC when they decode.
         return self.commitlog.scan(position, max_bytes, limit=self._committed, verify=False)
+
+    def scan_spans(self, position: int, max_bytes: int) -> tuple[list[tuple[bytes, int, int, int]], int]:
+        """`scan` as `(chunk, start, physical_offset, size)` per record, no copy per record
+        (the dispatcher's batched path); same framing checks."""
+        return self.commitlog.scan_spans(position, max_bytes, limit=self._committed, verify=False)
 
     def read(self, physical_offset: int, size: int) -> bytes:
         if physical_offset + size > self._committed:

@@ -227,6 +227,14 @@ class NodeCollector:
         yield GaugeMetricFamily("rocketmq_long_poll_waiters", "Pulls held by long polling",
                                 value=b.long_poll_waiters)
         yield GaugeMetricFamily("rocketmq_topics", "Topics known to this node", value=len(b.topics))
+        corruption = getattr(b, "corruption", None)
+        if corruption is not None:   # node/store/scrub.py: CRC failures found on read, by recovery or scrub
+            yield CounterMetricFamily("rocketmq_store_corrupt_records", "Corrupt records found on disk since start",
+                                      value=corruption.found_total)
+            yield GaugeMetricFamily("rocketmq_store_corrupt_ranges", "Known corrupt ranges not yet repaired",
+                                    value=len(corruption))
+            yield CounterMetricFamily("rocketmq_store_corrupt_repaired", "Corrupt ranges repaired from a peer",
+                                      value=corruption.repaired_total)
         role = GaugeMetricFamily("rocketmq_node_role", "1 for this node's current role", labels=["role"])
         current = b.log.role()
         for r in ROLE_VALUES:
@@ -340,6 +348,8 @@ def node_registry(broker: Any, fs: FileSystem | None = None) -> CollectorRegistr
     """A fresh registry holding this node's collector (never the process-global one)."""
     registry = CollectorRegistry()
     registry.register(NodeCollector(broker, fs if fs is not None else getattr(broker, "fs", None)))
+    from node.limits import RejectionsCollector   # rocketmq_limit_rejections_total{limit}
+    registry.register(RejectionsCollector())
     return registry
 
 

@@ -22,7 +22,8 @@ def _errors(*codes: int) -> dict[str, Any]:
             for c in codes}
 
 
-_ERROR_TEXT = {400: "malformed or invalid input; nothing changed", 403: "topic permission forbids it",
+_ERROR_TEXT = {400: "malformed or invalid input, or a hard limit exceeded (LIMIT_EXCEEDED); nothing changed",
+               403: "topic permission forbids it", 429: "too many requests in flight from this client (retriable)",
                404: "unknown topic or message", 413: "request or message too large",
                421: "this node is not the leader (see `leader`)", 503: "store stopped or busy (see `retriable`)",
                504: "flush timeout", 507: "disk full"}
@@ -39,8 +40,10 @@ def _body(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 TOPIC = _param("topic", "path", "string", "topic name, ^[%|a-zA-Z0-9_-]+$, at most 127 chars")
+TOPIC["schema"].update(pattern="^[%|a-zA-Z0-9_-]+$", minLength=1, maxLength=127)   # node/limits.py check_path_names
 QUEUE = _param("queue_id", "path", "integer", "queue id, 0 <= queue_id < queue count")
-GROUP = _param("group", "path", "string", "consumer group, at most 120 chars")
+GROUP = _param("group", "path", "string", "consumer group, ^[%|a-zA-Z0-9_-]+$, at most 120 chars")
+GROUP["schema"].update(pattern="^[%|a-zA-Z0-9_-]+$", minLength=1, maxLength=120)
 
 
 def _paths() -> dict[str, Any]:
@@ -58,7 +61,8 @@ def _paths() -> dict[str, Any]:
         "/topics/{topic}": {"get": {"summary": "Topic config and per-queue min/max offset, last update",
                                     "parameters": [TOPIC],
                                     "responses": {"200": _ok(_ref("TopicStatus")), **_errors(400, 404)}},
-                            "delete": {"summary": "Delete a topic's config (replicated); data ages out with retention",
+                            "delete": {"summary": "Delete a topic: its config, consume queues and consumer offsets "
+                                                  "(replicated); its commitlog records age out with retention",
                                        "parameters": [TOPIC],
                                        "responses": {"200": _ok({"type": "object", "properties": {
                                            "deleted": _ref("Topic")}}), **_errors(400, 404, 421, 503)}}},

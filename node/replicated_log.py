@@ -15,6 +15,12 @@ Two offset spaces meet here:
   physical offset = entry pos + 48; otherwise they are equal.
 
 Dispatch, pull, recovery and the pipeline only ever see committed data.
+
+Two optional batched forms, used when a log has them (LocalLog and DLedgerLog do):
+`append_packed(drafts) -> (PutStatus, store_timestamp, [(physical_offset, size,
+queue_offset)])` is `append` with one status for the whole batch and no result object
+per message; `scan_spans(position, max_bytes) -> ([(buffer, start, physical_offset,
+size)], next_position)` is `scan` without a copy per record.
 """
 
 from __future__ import annotations

@@ -196,9 +196,14 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     broker = build_broker(config)
     add_term_to_logs(broker)
     await broker.start()
-    runner = web.AppRunner(make_app(broker), access_log=None, handle_signals=False)
+    from node import peer_auth, tls
+    from node.api import REGISTRY_KEY
+    app = make_app(broker)
+    app[REGISTRY_KEY].register(peer_auth.PeerAuthCollector())
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    await web.TCPSite(runner, config.bind_address, config.listen_port, reuse_address=True).start()
+    await web.TCPSite(runner, config.bind_address, config.listen_port, reuse_address=True,
+                      ssl_context=tls.api_server_context(config)).start()
     log.info("node serving", extra={"api": f"{config.bind_address}:{config.listen_port}", "mode": broker.log.mode,
                                     "store": config.store_root, "startup_s": round(time.monotonic() - t0, 3)})
     watcher = asyncio.create_task(_watch_fatal(broker, stop_event))
@@ -232,6 +237,14 @@ async def _watch_fatal(broker: Broker, stop_event: asyncio.Event) -> None:
 
 def main(config: BrokerConfig) -> int:
     setup_logging(config)
+    from node.config import ConfigError
+    try:
+        from node import peer_auth, tls   # bad secret or certificate files: refuse to start, exit 2
+        peer_auth.peer_security_from_config(config)
+        tls.api_server_context(config)
+    except ConfigError as e:
+        log.error("cannot start: %s", e)
+        return 2
     try:
         return asyncio.run(serve(config))
     except StoreFatal as e:

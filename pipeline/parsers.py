@@ -26,10 +26,10 @@ import mmap
 import os
 import re
 import socket
-import zlib
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from node.store.crc import crc32 as _crc32
 from dledger.entry import chain_crc_of
 from node.store import layout as L
 from node.store.message import (KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS,
@@ -222,7 +222,7 @@ def _decode_message(mv: memoryview, p: int, limit: int, check_crc: bool, caches:
     if body_len < 0 or _OVERHEAD + body_len > total:
         raise _Corrupt(p, f"bad body length {body_len}")
     q = p + _HEADER_SIZE
-    if check_crc and zlib.crc32(mv[q:q + body_len]) != h[2]:
+    if check_crc and _crc32(mv[q:q + body_len]) != h[2]:
         raise _Corrupt(p, "body crc mismatch")
     q += body_len
     topic_len = mv[q]
@@ -422,7 +422,7 @@ def _check_entry(mv: memoryview, p: int, n: int, base_offset: int, expect_index:
         return f"bad entry index/term {index}/{_term}"
     if expect_index is not None and index != expect_index:
         return f"entry index {index} after {expect_index - 1}"
-    if check_crc and zlib.crc32(mv[p + _ENTRY_SIZE:p + size]) != body_crc:
+    if check_crc and _crc32(mv[p + _ENTRY_SIZE:p + size]) != body_crc:
         return "entry body crc mismatch"
     return e
 
@@ -608,7 +608,7 @@ def read_checkpoint(store_dir: str) -> dict | None:
     if len(raw) < L.CHECKPOINT.size:
         return None
     phys, logics, index_ts, committed, crc = L.CHECKPOINT.unpack(raw)
-    if zlib.crc32(raw[:L.CHECKPOINT.size - 4]) != crc:
+    if _crc32(raw[:L.CHECKPOINT.size - 4]) != crc:
         return None
     return {"physic_msg_timestamp": phys, "logics_msg_timestamp": logics,
             "index_msg_timestamp": index_ts, "committed_offset": committed}

@@ -5,7 +5,7 @@
 set -eu
 IMAGE="${1:-mqstore-base:bookworm}"
 HERE="$(cd "$(dirname "$0")/.." && pwd)"
-CACHE="$HERE/.cache"
+CACHE="${MQSTORE_BASE_CACHE:-$HERE/.cache}"   # the rootfs tarball; MQSTORE_BASE_CACHE moves it
 TARBALL="$CACHE/base-bookworm.tar"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 DOCKER="${DOCKER:-docker}"

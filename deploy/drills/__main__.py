@@ -30,8 +30,12 @@ def endpoints_text(c: Cluster) -> str:
     for s in CONTROLLERS:
         lines.append(f"  {'controller':9} {s}  http://{c.nodes[s].api}   ip {c.nodes[s].ip}")
     lead = c.nodes[c.leader("broker-a", timeout_s=5)].api
-    lines += ["", "Try it:", f"  curl -s http://{lead}/health",
-              f"  curl -s -XPOST http://{lead}/topics -d '{{\"topic\":\"TopicTest\",\"queues\":4}}'",
+    lines += ["", "ACL is on: requests but /health and /metrics are signed with a key pair of "
+              "deploy/conf/acl.json (drill-admin: admin; app-client: PUB|SUB on topics).",
+              "Try it:", f"  curl -s http://{lead}/health",
+              "  export MQSTORE_ACCESS_KEY=drill-admin MQSTORE_SECRET_KEY=$(python3 -c \"import json; "
+              "print(json.load(open('deploy/conf/acl.json'))['accounts'][0]['secretKey'])\")",
+              f"  .venv/bin/mqstore updateTopic -n {lead} -t TopicTest",
               f"  .venv/bin/mqstore send -n {lead} -t TopicTest -b hello",
               "  make drill                 (kill_leader, kill_master; DRILL=all for every scenario)"]
     return "\n".join(lines)
@@ -48,7 +52,7 @@ def cmd_up(args) -> int:
     return 0
 
 
-def cmd_drills(args) -> int:
+def cmd_drills(args, cluster=None) -> int:
     from deploy.drills.runner import run
     from deploy.drills.scenarios import SCENARIOS
     names = list(SCENARIOS) if args.scenarios == ["all"] else args.scenarios
@@ -56,7 +60,7 @@ def cmd_drills(args) -> int:
     if unknown:
         print(f"error: unknown scenario(s) {unknown}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return 2
-    c = Cluster(args.project)
+    c = cluster if cluster is not None else Cluster(args.project)
     failed = 0
     for n in names:
         r = run(SCENARIOS[n], args.reports, warmup_s=args.warmup, recovery_s=args.recovery, rate_per_s=args.rate,
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="mqstore drill", description="failover drills against the compose cluster")
     p.add_argument("scenarios", nargs="+", help="scenario names, `all`, `list`, or up|down|clean|endpoints")
+    p.add_argument("--tier", choices=("docker", "netns"), default="docker",
+                   help="docker: the compose cluster; netns: node processes in network namespaces (root, no Docker)")
     p.add_argument("--project", default=os.environ.get("MQSTORE_PROJECT", "mqstore"), help="compose project name")
     p.add_argument("--reports", default=DEFAULT_REPORTS, help="where reports go (default %(default)s)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the fault")
@@ -87,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             for s in SCENARIOS.values():
                 print(f"{s.name:17} [{s.group}] {s.description}\n{'':17} expected: {s.expected}")
             return 0
+        if args.tier == "netns":
+            from deploy.netns.cli import main_netns
+            return main_netns(args, cmd_drills)
         if verb == "up":
             return cmd_up(args)
         if verb in ("down", "clean"):

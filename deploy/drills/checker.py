@@ -23,7 +23,16 @@ from statistics import median
 
 # Errors after which the store certainly did not append the message.
 DEFINITE_ERRORS = ("NOT_LEADER", "CONNECTION_REFUSED", "TOPIC_NOT_EXIST", "DISK_FULL", "SERVICE_NOT_AVAILABLE")
+# A NOT_LEADER may also answer a write that was proposed and then orphaned by a leadership
+# change (dledger_log._fail_pending: "...; the outcome is unknown, retry"): the entry may still
+# be committed by the next leader, so that answer is indefinite.
+UNKNOWN_OUTCOME_MARK = "outcome is unknown"
 SAMPLE_LIMIT = 20          # ids listed per finding in the verdict (counts are always complete)
+
+
+def is_definite(error: str, message: str | None = None) -> bool:
+    """True when a failed send certainly did not reach the log (see DEFINITE_ERRORS)."""
+    return error in DEFINITE_ERRORS and UNKNOWN_OUTCOME_MARK not in (message or "")
 
 
 @dataclass
@@ -44,6 +53,8 @@ class Verdict:
     recovery_s: float | None          # last fault end -> first ack of a send started after it
     latency_ms: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    failovers_s: list = field(default_factory=list)    # one per fault window (None: no ack after it)
+    recoveries_s: list = field(default_factory=list)   # one per healed fault window
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -159,7 +170,9 @@ def check(history: list[dict], reads: dict[str, list[dict]]) -> Verdict:
     if not acks:
         notes.append("no write was acked at all")
     return Verdict(ok, len(sends), len(acks), len(definite), len(indefinite), lost, dups, phantoms, changed,
-                   divergence, gaps, failover, _longest_gap_in_faults(acks, windows, t_end), recovery, latency, notes)
+                   divergence, gaps, failover, _longest_gap_in_faults(acks, windows, t_end), recovery, latency, notes,
+                   [_first_ack_after(sends, acks, w[0]) for w in windows],
+                   [_first_ack_after(sends, acks, w[1]) for w in windows if w[1] is not None])
 
 
 def _ms(v: float | None) -> float | None:

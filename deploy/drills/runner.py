@@ -70,9 +70,16 @@ def _load_avg() -> float | None:
         return None
 
 
+MAX_CYCLES = 50
+
+
 def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 10.0, rate_per_s: float = 40.0,
-        store_audit: bool = True, cluster: Cluster | None = None) -> dict:
+        store_audit: bool = True, cluster: Cluster | None = None, duration_s: float | None = None) -> dict:
+    """One drill. With `duration_s`, the fault cycle (inject, fault_s, heal, recovery_s) repeats
+    until that many seconds of load have passed (at least once, at most MAX_CYCLES), so the
+    verdict carries one failover and one recovery time per cycle."""
     c = cluster or Cluster()
+    recovery_s = max(recovery_s, sc.recovery_min_s)
     # a classic group fails over through the controllers, so they must be ready too
     c.wait_healthy([*GROUPS[sc.group], *(CONTROLLERS if sc.group == "broker-b" else ())], timeout_s=90)
     leader = c.leader(sc.group)
@@ -84,21 +91,36 @@ def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 
     os.makedirs(out_dir, exist_ok=True)
     hist = History(os.path.join(out_dir, "history.jsonl"))
     wl = Workload(c, sc.group, topic, QUEUES, hist, rate_per_s=rate_per_s)
-    bar = _Bar(sc.name, warmup_s + sc.fault_s + recovery_s + 30)
+    bar = _Bar(sc.name, (duration_s or warmup_s + sc.fault_s + recovery_s) + 30)
     timeline: dict = {"leader_before": leader, "load_avg_start": _load_avg()}
     state: dict = {}
     try:
+        t_start = time.monotonic()
         wl.start()
         _wait(warmup_s, bar, "warm-up", wl)
-        t_fault = time.monotonic()
-        heal = sc.inject(c, state)
-        # stamped once the fault is in place: an ack for a send started after this instant
-        # cannot have come from the victim
-        hist.add(type="fault", name=sc.name, phase="start")
-        _wait(max(0.0, sc.fault_s - (time.monotonic() - t_fault)), bar, "fault", wl)
-        heal()
-        hist.add(type="fault", name=sc.name, phase="end")
-        _wait(recovery_s, bar, "recovery", wl)
+        cycles = 0
+        while True:
+            t_fault = time.monotonic()
+            if sc.window_includes_inject:
+                hist.add(type="fault", name=sc.name, phase="start")
+            heal = sc.inject(c, state)
+            if not sc.window_includes_inject:
+                # stamped once the fault is in place: an ack for a send started after this
+                # instant cannot have come from the victim
+                hist.add(type="fault", name=sc.name, phase="start")
+            _wait(max(0.0, sc.fault_s - (time.monotonic() - t_fault)), bar, "fault", wl)
+            heal()
+            hist.add(type="fault", name=sc.name, phase="end")
+            _wait(recovery_s, bar, "recovery", wl)
+            cycles += 1
+            left = (duration_s or 0) - (time.monotonic() - t_start)
+            if duration_s is None or cycles >= MAX_CYCLES or left < sc.fault_s + recovery_s:
+                break
+            # the next cycle needs the group whole again (under load the committed offsets
+            # move, so "converged" is checked once, after the load stops)
+            c.wait_healthy([*GROUPS[sc.group]], timeout_s=90)
+            c.leader(sc.group, timeout_s=30)
+        timeline["cycles"] = cycles
     finally:
         wl.stop()
         bar.tick("converging", wl)
@@ -106,6 +128,7 @@ def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 
     converged = c.wait_converged(sc.group, timeout_s=60)
     timeline["leader_after"] = c.leader(sc.group)
     timeline["victim"] = state.get("victim")
+    timeline.update({k: v for k, v in state.items() if k != "victim"})
     bar.tick("draining", wl)
     reads = {s: drain(c, s, topic, QUEUES) for s in GROUPS[sc.group]}
     hist.close()
@@ -115,14 +138,17 @@ def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 
         bar.tick("store audit", wl)
         audit = _store_audit(c, sc.group)
     bar.close()
-    ok = verdict.ok and converged is not None and audit.get("status") != "failed"
+    extra = sc.extra_check(hist.events, state) if sc.extra_check is not None else []
+    ok = verdict.ok and converged is not None and audit.get("status") != "failed" and not extra
     targets = None
     if sc.failover_target_s is not None and verdict.failover_s is not None:
         targets = {"failover_target_s": sc.failover_target_s, "met": verdict.failover_s <= sc.failover_target_s}
     result = {"scenario": sc.name, "group": sc.group, "topic": topic, "description": sc.description,
               "expected": sc.expected, "ok": ok, "verdict": verdict.as_dict(), "store_audit": audit,
               "converged_s": converged, "timeline": timeline, "load_avg": _load_avg(), "targets": targets,
+              "scenario_problems": extra,
               "summary": verdict.summary() + (f" audit={audit['status']}" if audit else "")
+              + "".join(f" PROBLEM({p})" for p in extra)
               + ("" if converged is not None else " NOT-CONVERGED")
               + ("" if targets is None else f" failover-target({sc.failover_target_s:g}s)="
                  + ("met" if targets["met"] else "MISSED"))}

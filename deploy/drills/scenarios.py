@@ -7,11 +7,12 @@ did in `state` (the victim, the saved network) for the heal and the report.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
-from deploy.drills.cluster import CONTROLLERS, GROUPS, Cluster
+from deploy.drills.cluster import CONTROLLERS, GROUPS, Cluster, DrillError
 
 NO_LOSS = ("no acked message lost, no duplicate, no phantom or changed read, replicas identical, "
            "consume queues equal a rebuild")
@@ -26,6 +27,12 @@ class Scenario:
     inject: Callable[[Cluster, dict], Callable[[], None]]
     fault_s: float = 8.0
     failover_target_s: float | None = None   # DESIGN.md section 7, where one is set
+    # extra checks of this scenario: (history events, inject state) -> problems (empty = fine)
+    extra_check: Callable[[list, dict], list] | None = None
+    # the recovery window is at least this long (a full restart needs time to elect and serve)
+    recovery_min_s: float = 0.0
+    # the fault window opens before inject (inject itself is the whole fault, e.g. a rolling restart)
+    window_includes_inject: bool = False
 
 
 def _kill_leader(c: Cluster, st: dict):
@@ -85,6 +92,78 @@ def _rolling_restart(c: Cluster, st: dict):
     return lambda: None
 
 
+BALLAST = "mqstore-drill-ballast"
+BALLAST_CHUNK = 1 << 20
+
+
+def _fill(path: str, limit_bytes: int) -> int:
+    """Write zeros to path/BALLAST until ENOSPC (or limit_bytes); the bytes written."""
+    import errno
+    chunk = b"\0" * BALLAST_CHUNK
+    written = 0
+    with open(os.path.join(path, BALLAST), "wb", buffering=0) as f:
+        while written < limit_bytes:
+            try:
+                written += f.write(chunk[: min(BALLAST_CHUNK, limit_bytes - written)])
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                # the last partial chunk: fill to the very last block
+                for size in (1 << 16, 1 << 12, 1 << 9):
+                    try:
+                        while True:
+                            written += f.write(chunk[:size])
+                    except OSError as e2:
+                        if e2.errno != errno.ENOSPC:
+                            raise
+                break
+    return written
+
+
+def _disk_full_master(c: Cluster, st: dict):
+    """Fill the classic master's store (a small host tmpfs, deploy/compose.smalldisk.yml) to 100 %."""
+    v = st["victim"] = c.leader("broker-b")
+    path = c.volume_mountpoint(v)
+    if path is None or not os.path.ismount(path):
+        raise DrillError(f"disk_full needs {v}'s store on its small tmpfs (deploy/compose.smalldisk.yml, "
+                         f"applied by `make up` as root); found {path}")
+    vfs = os.statvfs(path)
+    total = vfs.f_blocks * vfs.f_frsize
+    if total > (4 << 30):
+        raise DrillError(f"{v}'s store at {path} is {total >> 20} MiB, not a small disk; refusing to fill it")
+    st["disk_total_bytes"] = total
+    st["ballast_bytes"] = _fill(path, total)
+    after = os.statvfs(path)
+    st["disk_free_bytes_full"] = after.f_bavail * after.f_frsize
+
+    def heal():
+        try:
+            os.unlink(os.path.join(path, BALLAST))
+        except FileNotFoundError:
+            pass
+        st["disk_free_bytes_healed"] = os.statvfs(path).f_bavail * os.statvfs(path).f_frsize
+    return heal
+
+
+def _disk_full_checks(events: list, st: dict) -> list:
+    """Writes during the fault fail with a clear disk-full error; acks resume after the heal."""
+    problems = []
+    start = next((e["t"] for e in events if e.get("type") == "fault" and e.get("phase") == "start"), None)
+    end = next((e["t"] for e in events if e.get("type") == "fault" and e.get("phase") == "end"), None)
+    if start is None or end is None:
+        return ["no fault window in the history"]
+    fails = [e for e in events if e.get("type") == "fail" and start <= e["t"] <= end]
+    disk = [e for e in fails if "disk" in (e.get("message") or "").lower() and "full" in (e.get("message") or "")]
+    st["disk_full_errors"] = len(disk)
+    st["fault_fail_errors"] = sorted({e.get("error", "?") for e in fails})
+    if not disk:
+        problems.append(f"no send failed with a disk-full message while the disk was full "
+                        f"({len(fails)} failures: {st['fault_fail_errors']})")
+    if not any(e.get("type") == "ack" and e["t"] > end for e in events):
+        problems.append("no ack after the space came back")
+    return problems
+
+
 SCENARIOS = {s.name: s for s in [
     Scenario("kill_leader", "broker-a", "kill -9 the DLedger leader of broker-a; restart it after the fault window.",
              NO_LOSS + "; a new leader takes writes within the failover target", _kill_leader,
@@ -106,8 +185,15 @@ SCENARIOS = {s.name: s for s in [
              NO_LOSS + " (SYNC_MASTER); the slave is elected within the failover target", _kill_master,
              failover_target_s=5.0),
     Scenario("restart_all", "broker-a", "kill -9 every container (controllers, both groups) at once; start them all.",
-             NO_LOSS + "; the group elects a leader and takes writes after the restart", _restart_all, fault_s=5.0),
+             NO_LOSS + "; the group elects a leader and takes writes after the restart", _restart_all, fault_s=5.0,
+             recovery_min_s=45.0),
     Scenario("rolling_restart", "broker-a", "stop and start each broker-a node in turn (followers first, "
              "leader last), waiting for health and catch-up between nodes.",
-             NO_LOSS + "; writes continue apart from one leader change", _rolling_restart, fault_s=0.0),
+             NO_LOSS + "; writes continue apart from one leader change", _rolling_restart, fault_s=0.0,
+             window_includes_inject=True),
+    Scenario("disk_full", "broker-b", "fill the classic master's store (a small tmpfs) to 100 %; delete the "
+             "ballast after the fault window.",
+             NO_LOSS + "; sends fail with a clear disk-full error (HTTP 507) while the disk is full, the node "
+             "keeps running, and writes resume once space returns", _disk_full_master,
+             extra_check=_disk_full_checks),
 ]}

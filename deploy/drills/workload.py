@@ -14,12 +14,12 @@ import time
 import uuid
 import zlib
 
-from deploy.drills.checker import DEFINITE_ERRORS
+from deploy.drills.checker import is_definite
 from deploy.drills.cluster import GROUPS, LEADER_ROLES, Cluster, http_json
 
 BODY_PAD = 200                 # bytes of filler after the id
 PULL_BATCH = 32                # maxTransferCountOnMessageInMemory
-SEND_TIMEOUT_S = 3.0
+SEND_TIMEOUT_S = 2.0            # a paused leader holds a send this long: it bounds failover from below
 
 
 def body_of(msg_id: str) -> str:
@@ -133,11 +133,12 @@ class Workload:
             self.acked += 1
             return
         err = doc.get("error") or (doc.get("results") or [{}])[0].get("status") or f"HTTP_{st}"
-        self._fail(msg_id, str(err))
+        self._fail(msg_id, str(err), str(doc.get("message") or ""))
 
-    def _fail(self, msg_id: str, error: str) -> None:
+    def _fail(self, msg_id: str, error: str, message: str = "") -> None:
         self.failed += 1
-        self.history.add(type="fail", id=msg_id, error=error, definite=error in DEFINITE_ERRORS)
+        ev = {"message": message[:200]} if message else {}
+        self.history.add(type="fail", id=msg_id, error=error, definite=is_definite(error, message), **ev)
         self._leader = None
 
 

@@ -60,10 +60,12 @@ class BrokerGroup:
 
 class Transport:
     """`access_key`/`secret_key` sign every request (aclEnable nodes, docs/security.md); both
-    default to the environment's MQSTORE_ACCESS_KEY / MQSTORE_SECRET_KEY, and none = unsigned."""
+    default to the environment's MQSTORE_ACCESS_KEY / MQSTORE_SECRET_KEY, and none = unsigned.
+    `tls_ca` (default: the environment's MQSTORE_TLS_CA) makes every request https, verifying
+    the nodes against that PEM CA file (tlsEnable nodes)."""
 
     def __init__(self, request_timeout_s: float = 5.0, access_key: str | None = None,
-                 secret_key: str | None = None):
+                 secret_key: str | None = None, tls_ca: str | None = None):
         if request_timeout_s <= 0:
             raise MQConfigError("request_timeout_s must be > 0")
         self.request_timeout_s = request_timeout_s
@@ -72,11 +74,19 @@ class Transport:
         if bool(self.access_key) != bool(self.secret_key):
             raise MQConfigError("give both access_key and secret_key (or MQSTORE_ACCESS_KEY and "
                                 "MQSTORE_SECRET_KEY), or neither")
+        from node.config import ConfigError
+        from node.tls import client_context_from_env
+        try:
+            self.ssl_context = client_context_from_env(tls_ca)
+        except (ConfigError, OSError) as e:
+            raise MQConfigError(str(e)) from None
+        self.scheme = "https" if self.ssl_context is not None else "http"
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                limit=256, ssl=self.ssl_context if self.ssl_context is not None else True))
 
     async def close(self) -> None:
         if self._session is not None:
@@ -103,7 +113,7 @@ class Transport:
                 headers = {**headers, **sign_headers(self.access_key, self.secret_key or "", method, path, query,
                                                      data, int(time.time() * 1000))}
             try:
-                async with self._session.request(method, f"http://{addr}{path}", data=data, params=query,
+                async with self._session.request(method, f"{self.scheme}://{addr}{path}", data=data, params=query,
                                                  headers=headers,
                                                  timeout=aiohttp.ClientTimeout(total=left)) as resp:
                     raw = await resp.read()

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
-import zlib
 from dataclasses import dataclass
 
+from node.store.crc import crc32 as _crc32
 from node.store import layout as L
 from node.store.fileio import FileSystem
 
@@ -46,7 +46,7 @@ class Checkpoint(CheckpointState):
         head = L.CHECKPOINT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp,
                                  self.index_msg_timestamp, self.committed_offset, 0)[:_CRC_SPAN]
         return L.CHECKPOINT.pack(self.physic_msg_timestamp, self.logics_msg_timestamp,
-                                 self.index_msg_timestamp, self.committed_offset, zlib.crc32(head))
+                                 self.index_msg_timestamp, self.committed_offset, _crc32(head))
 
     def load(self) -> bool:
         """Read the file. Missing or damaged -> zeros (full re-dispatch); returns whether it was good."""
@@ -70,7 +70,7 @@ class Checkpoint(CheckpointState):
         if len(raw) != L.CHECKPOINT.size:
             return f"{len(raw)} bytes, expected {L.CHECKPOINT.size}"
         *_fields, crc = L.CHECKPOINT.unpack(raw)
-        if zlib.crc32(raw[:_CRC_SPAN]) != crc:
+        if _crc32(raw[:_CRC_SPAN]) != crc:
             return "crc mismatch"
         if _fields[3] < 0:
             return f"negative committed offset {_fields[3]}"

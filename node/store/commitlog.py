@@ -17,11 +17,11 @@ from __future__ import annotations
 import errno
 import logging
 import struct
-import zlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
+from node.store.crc import crc32 as _crc32
 from node.replicated_log import ScanBatch, ScannedRecord
 from node.store import layout as L
 from node.store import retention
@@ -86,7 +86,7 @@ def record_problem(buf: bytes | memoryview, i: int, abs_pos: int, seg_remaining:
         return "topic is empty or ends in a zero byte (torn write?)"
     if props_len and buf[end - 1] != _PROPERTY_END:
         return "properties do not end with their separator (torn write?)"
-    if check_crc and zlib.crc32(buf[i + _BODY_AT:p]) != body_crc:
+    if check_crc and _crc32(buf[i + _BODY_AT:p]) != body_crc:
         return "body crc mismatch"
     return None
 
@@ -267,23 +267,31 @@ class CommitLog:
         for bytes already verified by recovery or written by this process, read by a
         consumer that checks every field it uses (the dispatcher; RocketMQ's reput service
         does not re-check CRCs either)."""
+        spans, position = self.scan_spans(position, max_bytes, limit, check_crc, verify)
+        return ScanBatch(tuple([ScannedRecord(phys, buf[i:i + size]) for buf, i, phys, size in spans]), position)
+
+    def scan_spans(self, position: int, max_bytes: int, limit: int | None = None, check_crc: bool = True,
+                   verify: bool = True) -> tuple[list[tuple[bytes, int, int, int]], int]:
+        """`scan` without a copy per record: `(chunk, start, physical_offset, size)` per record,
+        the record being `chunk[start:start + size]` (records of one file share one chunk),
+        and the position to continue from. Same checks as `scan`."""
         assert max_bytes > 0
         end = self.max_offset if limit is None else min(limit, self.max_offset)
         if position < self.min_offset:
             raise KeyError(f"position {position} is below the first retained offset {self.min_offset}")
-        records: list[ScannedRecord] = []
+        spans: list[tuple[bytes, int, int, int]] = []
         budget = max_bytes
         for _ in range(_SCAN_MAX_HOPS):
             if position >= end or budget <= 0:
                 break
-            position, used, at_blank = self._scan_segment(position, end, budget, check_crc, records, verify)
+            position, used, at_blank = self._scan_segment(position, end, budget, check_crc, spans, verify)
             budget -= used
             if not at_blank:
                 break
-        return ScanBatch(tuple(records), position)
+        return spans, position
 
     def _scan_segment(self, position: int, end: int, budget: int, check_crc: bool,
-                      out: list[ScannedRecord], verify: bool = True) -> tuple[int, int, bool]:
+                      out: list[tuple[bytes, int, int, int]], verify: bool = True) -> tuple[int, int, bool]:
         """Records of one segment from `position`; returns (next position, bytes used, hit BLANK)."""
         seg_size = self.files.segment_size
         seg_end = self.segment_base(position) + seg_size
@@ -314,7 +322,7 @@ class CommitLog:
                     raise CorruptRecord(at, problem)
             elif total < L.MESSAGE_OVERHEAD or total + _MIN_BLANK > seg_end - at:
                 raise CorruptRecord(at, f"bad total size {total}")
-            out.append(ScannedRecord(at, chunk[i:i + total]))
+            out.append((chunk, i, at, total))
             i += total
         return position + i, i, False
 

@@ -343,6 +343,33 @@ class ConsumeQueueStore:
     def delete_expired(self, min_phys: int) -> int:
         return sum(cq.delete_expired(min_phys) for cq in self._queues.values())
 
+    def remove_topic(self, topic: str, below_phys: int) -> list[int]:
+        """A deleted topic (RocketMQ destroyLogics): drop its units pointing below `below_phys`,
+        the commitlog position of the deletion. A queue whose units all lie below it is closed
+        and its directory removed; one that also holds later units (the topic was created again
+        and written before this ran, e.g. in one re-dispatched batch) keeps those and has its
+        head raised past the old ones. Returns the ids of the queues removed whole."""
+        removed: list[int] = []
+        for (t, qid), cq in sorted(self._queues.items()):
+            if t != topic:
+                continue
+            last = cq.get(cq.max_offset - 1) if not cq.is_empty else None
+            if last is None or last[0] < below_phys:
+                cq.close()
+                del self._queues[(t, qid)]
+                self.fs.rmtree(cq.directory)
+                removed.append(qid)
+            else:
+                cq.delete_expired(below_phys)
+        topic_dir = os.path.join(self.directory, topic)
+        if self.fs.exists(topic_dir) and not self.fs.listdir(topic_dir):
+            self.fs.rmtree(topic_dir)
+        if removed and self.fs.exists(self.directory):
+            self.fs.fsync_dir(self.directory)
+        if removed:
+            log.info("consume queues of deleted topic %s removed: queues %s", topic, removed)
+        return removed
+
     def flush_all(self) -> None:
         for cq in self._queues.values():
             cq.flush()

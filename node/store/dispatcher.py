@@ -15,6 +15,10 @@ builds skip messages below the last file's end and queries de-duplicate.
 Per record only the 88-byte header, the topic and the properties are parsed (no
 CRC: the log checked it on write and on recovery). A record that does not parse
 raises CorruptRecord and stops dispatch loudly; nothing is skipped silently.
+Records are read in place from the log's `scan_spans` buffers when it has them (no
+copy per record). What the properties say (tags code, KEYS, UNIQ_KEY, DELAY) is
+remembered per encoded properties (bounded, and never for keyed ones), since a batch
+producer's messages mostly carry the same few.
 
 Tags code: String.hashCode of TAGS, except for SCHEDULE_TOPIC_XXXX whose units carry
 the delivery time (store_timestamp + delay of the DELAY level), like RocketMQ's
@@ -24,6 +28,7 @@ CommitLog.checkMessageAndReturnSize; the delay service scans its queues by that.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import time
 from typing import Callable, Sequence
@@ -52,8 +57,10 @@ _PROPS_LEN = L.PROPERTIES_LEN
 _CQ_UNIT = L.CQ_UNIT
 _MAGIC = L.MESSAGE_MAGIC
 _TX_MASK = L.SYSFLAG_TRANSACTION_MASK
-_TX_NO_CQ = (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
 _TX_ROLLBACK = L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE
+_TX_PREPARED = L.SYSFLAG_TRANSACTION_PREPARED_TYPE
+_NO_PROPS: tuple[int, None, None, None] = (0, None, None, None)   # facts of a record without properties
+_MAX_CACHED_PROPS_BYTES = 512   # longer encoded properties are decoded every time, not remembered
 
 Listener = Callable[[str, int, int], None]
 SystemHandler = Callable[[StoredMessage], None]
@@ -62,12 +69,13 @@ SystemHandler = Callable[[StoredMessage], None]
 class _Topic:
     """What the dispatcher needs about one topic, computed once per topic name."""
 
-    __slots__ = ("name", "is_schedule", "handler")
+    __slots__ = ("name", "is_schedule", "handler", "dead_below")
 
-    def __init__(self, name: str, handler: SystemHandler | None):
+    def __init__(self, name: str, handler: SystemHandler | None, dead_below: int = -1):
         self.name = name
         self.is_schedule = name == SCHEDULE_TOPIC
         self.handler = handler
+        self.dead_below = dead_below    # records below this log position belong to a deleted topic
 
 
 class _Run:
@@ -104,7 +112,9 @@ class Dispatcher:
         self._listeners: list[Listener] = []
         self._topics: dict[bytes, _Topic] = {}
         self._tags: dict[str, int] = {}
+        self._props: dict[bytes, tuple[int, str | None, str | None, str | None]] = {}
         self._queues: dict[tuple[bytes, int], ConsumeQueue] = {}
+        self.deleted: dict[str, int] = {}   # deleted topic -> log position of its deletion
         self._last_store_ts = 0
         self._task: asyncio.Task | None = None
         self.failed: BaseException | None = None
@@ -216,7 +226,16 @@ class Dispatcher:
         cp.committed_offset = position
         cp.logics_msg_timestamp = self._last_store_ts
         cp.index_msg_timestamp = self._last_store_ts
-        cp.save()
+        try:
+            cp.save()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            # write_atomic left the old checkpoint whole (temp file, then rename): recovery
+            # starts a little earlier, nothing is lost. Keep serving; the next flush retries.
+            log.warning("checkpoint not saved at position %d: disk full (%s); retrying at the next flush",
+                        position, e)
+            return False
         self.flushed_position = position
         return True
 
@@ -224,24 +243,38 @@ class Dispatcher:
     def dispatch_once(self) -> int:
         """Dispatch one bounded batch from `position`; return the records dispatched."""
         position = self.position
-        batch = self.log.scan(position, self.batch_bytes)
-        assert batch.next_position > position or self.log.committed_position <= position, (
+        spans, next_position = self._scan(position)
+        assert next_position > position or self.log.committed_position <= position, (
             f"log.scan made no progress at {position} below committed {self.log.committed_position}")
         try:
-            n = self._dispatch_batch(batch)
+            n = self._dispatch_spans(spans)
         except CorruptRecord as e:
             self.failed = e
             log.error("dispatch: corrupt record in the committed log, batch at position %d: %s; "
                       "dispatch stops here", position, e)
             raise
-        self.position = batch.next_position
+        self.position = next_position
         return n
 
+    def _scan(self, position: int) -> tuple[Sequence[tuple[bytes, int, int, int]], int]:
+        """`(buffer, start, physical_offset, size)` per committed record from `position`: the
+        log's copy-free `scan_spans` when it has one, else its `scan` (the Protocol's)."""
+        spans = getattr(self.log, "scan_spans", None)
+        if spans is not None:
+            return spans(position, self.batch_bytes)
+        batch: ScanBatch = self.log.scan(position, self.batch_bytes)
+        return [(r.data, 0, r.physical_offset, len(r.data)) for r in batch.records], batch.next_position
+
     def _dispatch_batch(self, batch: ScanBatch) -> int:
+        """Dispatch the records of a `ScanBatch` (the Protocol's shape)."""
+        return self._dispatch_spans([(r.data, 0, r.physical_offset, len(r.data)) for r in batch.records])
+
+    def _dispatch_spans(self, spans: Sequence[tuple[bytes, int, int, int]]) -> int:
         runs: dict[tuple[bytes, int], _Run] = {}
         calls: list[tuple[SystemHandler, bytes, int]] = []
-        for rec in batch.records:
-            self._dispatch_record(rec.data, rec.physical_offset, runs, calls)
+        dispatch = self._dispatch_record
+        for buf, start, phys, size in spans:
+            dispatch(buf, start, phys, size, runs, calls)
         touched = [self._write_run(run) for run in runs.values()]
         if self.index is not None:
             self.index.write_pending()
@@ -249,30 +282,40 @@ class Dispatcher:
             self._call_handler(handler, data, phys)
         for cq in touched:
             self._notify(cq)
-        self.dispatched_records += len(batch.records)
-        return len(batch.records)
+        self.dispatched_records += len(spans)
+        return len(spans)
 
-    def _dispatch_record(self, data: bytes, phys: int, runs: dict[tuple[bytes, int], _Run],
+    def _dispatch_record(self, buf: bytes, at: int, phys: int, size: int, runs: dict[tuple[bytes, int], _Run],
                          calls: list[tuple[SystemHandler, bytes, int]]) -> None:
+        """One record, `buf[at:at + size]`, read in place: its CQ unit joins its queue's run,
+        its keys go to the index, a system record is queued for its handler."""
         (total, magic, _crc, queue_id, _flag, queue_offset, phys_field, sys_flag, _bts, _bip, _bport,
-         store_ts, _sip, _sport, _rc, _ptx, body_len) = _HEADER.unpack_from(data, 0)
-        if magic != _MAGIC or total != len(data) or phys_field != phys:
+         store_ts, _sip, _sport, _rc, _ptx, body_len) = _HEADER.unpack_from(buf, at)
+        if magic != _MAGIC or total != size or phys_field != phys:
             raise CorruptRecord(phys, f"header says magic {magic:#x} size {total} offset {phys_field}; "
-                                      f"scan gave {len(data)} bytes at {phys}")
-        p = _HEADER.size + body_len
-        if body_len < 0 or p + 3 > total:
+                                      f"scan gave {size} bytes at {phys}")
+        end = at + total
+        p = at + _HEADER.size + body_len
+        if body_len < 0 or p + 3 > end:
             raise CorruptRecord(phys, f"bad body length {body_len}")
-        topic_end = p + 1 + data[p]
-        topic_b = data[p + 1:topic_end]
-        (props_len,) = _PROPS_LEN.unpack_from(data, topic_end)
-        if topic_end + 2 + props_len != total:
+        topic_end = p + 1 + buf[p]
+        topic_b = buf[p + 1:topic_end]
+        (props_len,) = _PROPS_LEN.unpack_from(buf, topic_end)
+        if topic_end + 2 + props_len != end:
             raise CorruptRecord(phys, "record size does not match its fields")
-        props = decode_properties(data[topic_end + 2:total]) if props_len else {}
         topic = self._topics.get(topic_b) or self._topic(topic_b)
         self._last_store_ts = store_ts
+        if props_len:
+            raw = buf[topic_end + 2:end]
+            facts = self._props.get(raw) or self._props_facts(raw)
+        else:
+            facts = _NO_PROPS
         tx = sys_flag & _TX_MASK
-        if tx not in _TX_NO_CQ:
-            code = self._tags_code(topic, props, store_ts)
+        if tx != _TX_PREPARED and tx != _TX_ROLLBACK and phys >= topic.dead_below:
+            if topic.is_schedule and facts[3]:
+                code = self.delivery_time(facts[3], store_ts)
+            else:
+                code = facts[0]
             unit = _CQ_UNIT.pack(phys, total, code)
             key = (topic_b, queue_id)
             run = runs.get(key)
@@ -283,22 +326,34 @@ class Dispatcher:
                 if run is not None:
                     self._write_run(run)     # out of order within a batch: write what we have
                 runs[key] = _Run(self._queue(topic, topic_b, queue_id), queue_offset, unit)
-        if self.index is not None and tx != _TX_ROLLBACK and props:
-            uniq = props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-            keys = props.get(PROPERTY_KEYS)
-            if uniq or keys:
-                self.index.build_index(topic.name, keys, uniq, phys, store_ts)
+        if self.index is not None and tx != _TX_ROLLBACK and (facts[1] or facts[2]):
+            self.index.build_index(topic.name, facts[1], facts[2], phys, store_ts)
         if topic.handler is not None:
-            calls.append((topic.handler, data, phys))
+            calls.append((topic.handler, buf[at:end], phys))
+
+    def _props_facts(self, raw: bytes) -> tuple[int, str | None, str | None, str | None]:
+        """(tags code, KEYS, UNIQ_KEY, DELAY) of encoded properties. Remembered (bounded) only
+        when the record has no key: keyed properties are nearly always unique."""
+        props = decode_properties(raw)
+        tags = props.get(PROPERTY_TAGS)
+        facts = (self._tags_code_of(tags) if tags else 0, props.get(PROPERTY_KEYS) or None,
+                 props.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX) or None, props.get(PROPERTY_DELAY_TIME_LEVEL) or None)
+        if facts[1] is None and facts[2] is None and len(raw) <= _MAX_CACHED_PROPS_BYTES:
+            if len(self._props) >= MAX_CACHED_NAMES:
+                self._props.clear()
+            self._props[raw] = facts
+        return facts
 
     def _tags_code(self, topic: _Topic, props: dict[str, str], store_ts: int) -> int:
+        """The CQ unit's tags code of a record of `topic` with `props` (see the module doc)."""
         if topic.is_schedule:
             level = props.get(PROPERTY_DELAY_TIME_LEVEL)
             if level:
                 return self.delivery_time(level, store_ts)
         tags = props.get(PROPERTY_TAGS)
-        if not tags:
-            return 0
+        return self._tags_code_of(tags) if tags else 0
+
+    def _tags_code_of(self, tags: str) -> int:
         code = self._tags.get(tags)
         if code is None:
             if len(self._tags) >= MAX_CACHED_NAMES:
@@ -323,8 +378,26 @@ class Dispatcher:
         if len(self._topics) >= MAX_CACHED_NAMES:
             self._topics.clear()
             self._queues.clear()
-        t = self._topics[topic_b] = _Topic(name, self.system_handlers.get(name))
+        t = self._topics[topic_b] = _Topic(name, self.system_handlers.get(name), self.deleted.get(name, -1))
         return t
+
+    def drop_topic(self, topic: str, below_phys: int) -> list[int]:
+        """`topic` was deleted by the record at log position `below_phys`: its records below
+        that position never get consume-queue units again (not on re-dispatch after a
+        restart either, as long as the owner tells us before dispatching), the cached
+        handles of its queues are closed and its consume queues removed. Returns the
+        queue ids removed. Idempotent."""
+        floor = self.log.min_physical_offset
+        if len(self.deleted) >= MAX_CACHED_NAMES:   # positions the log no longer holds are moot
+            self.deleted = {t: p for t, p in self.deleted.items() if p > floor}
+        dead = max(below_phys, self.deleted.get(topic, -1))
+        self.deleted[topic] = dead
+        for t in self._topics.values():
+            if t.name == topic:
+                t.dead_below = dead
+        for key in [k for k, cq in self._queues.items() if cq.topic == topic]:
+            del self._queues[key]
+        return self.cq_store.remove_topic(topic, below_phys)
 
     def _queue(self, topic: _Topic, topic_b: bytes, queue_id: int) -> ConsumeQueue:
         key = (topic_b, queue_id)

@@ -46,6 +46,13 @@ MESSAGE_HEADER, MESSAGE_FIELD_OFFSET = _layout(
 assert MESSAGE_HEADER.size == 88
 TOPIC_LEN = struct.Struct(">B")
 PROPERTIES_LEN = struct.Struct(">H")
+# A view of the header from queue_id through body_len (fields between skipped as pad bytes):
+# queue_id, queue_offset, sys_flag, body_len in one unpack, for code walking many records.
+MESSAGE_QUEUE_FIELDS = struct.Struct(">i{}xq{}xi{}xi".format(
+    MESSAGE_FIELD_OFFSET["queue_offset"] - MESSAGE_FIELD_OFFSET["queue_id"] - 4,
+    MESSAGE_FIELD_OFFSET["sys_flag"] - MESSAGE_FIELD_OFFSET["queue_offset"] - 8,
+    MESSAGE_FIELD_OFFSET["body_len"] - MESSAGE_FIELD_OFFSET["sys_flag"] - 4))
+assert MESSAGE_QUEUE_FIELDS.size == MESSAGE_FIELD_OFFSET["body_len"] + 4 - MESSAGE_FIELD_OFFSET["queue_id"]
 # 88 fixed + 1 topic length + 2 properties length.
 MESSAGE_OVERHEAD = MESSAGE_HEADER.size + TOPIC_LEN.size + PROPERTIES_LEN.size
 assert MESSAGE_OVERHEAD == 91

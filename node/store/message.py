@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import re
 import socket
-import zlib
 from dataclasses import dataclass, field
 
+from node.store.crc import crc32 as _crc32
 from node.store import layout as L
 from node.store.errors import CorruptRecord, InvalidMessage
 
@@ -164,17 +164,57 @@ class MessageDraft:
             raise InvalidMessage(f"properties are {len(props)} bytes; the limit is {L.MAX_PROPERTIES_BYTES}")
         tail = b"".join((body, topic_field, L.PROPERTIES_LEN.pack(len(props)), props))
         self.tail = tail
-        self.body_crc = zlib.crc32(body)
+        self.body_crc = _crc32(body)
         self.total_size = _HEADER_SIZE + len(tail)
         tags = properties.get(PROPERTY_TAGS)
         self.tags_code = _tags_hash(tags) if tags else 0
         return self
+
+    @classmethod
+    def sealed_plain(cls, topic: str, queue_id: int, body: bytes, tags: str | None,
+                     born_timestamp: int) -> "MessageDraft":
+        """`MessageDraft(topic, queue_id, body, {TAGS: tags} or {}, born_timestamp=...).seal()`
+        for a message whose only property is its tag: the record's suffix (topic, properties)
+        and the tag hash come from a bounded cache, so per message only the body's CRC and
+        one concatenation are computed. The caller has checked the body size and queue id;
+        the topic and the tag are checked here (on a cache miss) exactly as `seal` checks them."""
+        suffix, code = _plain_suffix(topic, tags)
+        return cls(topic, queue_id, body, {PROPERTY_TAGS: tags} if tags else {}, 0, 0, born_timestamp,
+                   _LOOPBACK, 0, 0, 0, body + suffix, _crc32(body), _HEADER_SIZE + len(body) + len(suffix),
+                   code)
 
     @property
     def is_dispatched(self) -> bool:
         """Prepared and rolled-back transaction messages take no queue offset (RocketMQ)."""
         tx = self.sys_flag & L.SYSFLAG_TRANSACTION_MASK
         return tx not in (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
+
+
+_LOOPBACK = b"\x7f\x00\x00\x01"           # MessageDraft.born_ip default
+_PLAIN_SUFFIXES: dict[tuple[str, str | None], tuple[bytes, int]] = {}
+_PLAIN_SUFFIXES_MAX = 4096                 # entries; the cache is cleared when full
+_PLAIN_SUFFIX_CACHED_TAG_CHARS = 256       # longer tags are encoded every time, not cached
+
+
+def _plain_suffix(topic: str, tags: str | None) -> tuple[bytes, int]:
+    """(TOPICLEN+TOPIC+PROPERTIESLEN+PROPERTIES, tags code) of a record whose only property is
+    TAGS (none when `tags` is empty). Raises InvalidMessage like `MessageDraft.seal`."""
+    if type(topic) is not str:
+        validate_topic(topic)     # raises InvalidMessage (and the key below must be hashable)
+    key = (topic, tags)
+    hit = _PLAIN_SUFFIXES.get(key)
+    if hit is not None:
+        return hit
+    topic_field = _topic_field(topic)
+    props = encode_properties({PROPERTY_TAGS: tags} if tags else {})
+    if len(props) > L.MAX_PROPERTIES_BYTES:
+        raise InvalidMessage(f"properties are {len(props)} bytes; the limit is {L.MAX_PROPERTIES_BYTES}")
+    out = (b"".join((topic_field, L.PROPERTIES_LEN.pack(len(props)), props)), _tags_hash(tags) if tags else 0)
+    if tags is None or len(tags) <= _PLAIN_SUFFIX_CACHED_TAG_CHARS:
+        if len(_PLAIN_SUFFIXES) >= _PLAIN_SUFFIXES_MAX:
+            _PLAIN_SUFFIXES.clear()
+        _PLAIN_SUFFIXES[key] = out
+    return out
 
 
 def encode_record(d: MessageDraft, queue_offset: int, physical_offset: int, store_timestamp: int,
@@ -258,7 +298,7 @@ def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = Tr
         raise CorruptRecord(pos, f"bad body length {body_len}")
     p = pos + L.MESSAGE_HEADER.size
     body = bytes(buf[p:p + body_len])
-    if check_crc and zlib.crc32(body) != body_crc:
+    if check_crc and _crc32(body) != body_crc:
         raise CorruptRecord(pos, "body crc mismatch")
     p += body_len
     topic_len = buf[p]

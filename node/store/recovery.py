@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 
+from node.store.crc import crc32 as _crc32
 from node.store import layout as L
 from node.store.commitlog import CommitLog, record_problem
 from node.store.errors import StoreFatal
@@ -164,7 +164,7 @@ def _walk_chunk(mv: memoryview, at: int, seg_left: int, w: _Walk) -> tuple[int, 
     unpack_header = _HEADER.unpack_from
     unpack_prefix = _BLANK.unpack_from
     unpack_props = L.PROPERTIES_LEN.unpack_from
-    crc32 = zlib.crc32
+    crc32 = _crc32
     n = len(mv)
     i = 0
     records = 0

@@ -127,3 +127,22 @@ def test_no_ack_at_all_fails():
     v = check(h, {"a0": []})
     assert not v.ok
     assert "no write was acked at all" in v.notes
+
+
+def test_not_leader_with_unknown_outcome_is_indefinite():
+    """Regression (oneway_leader drill): a deaf leader that steps down fails its pending writes
+    with NOT_LEADER "...; the outcome is unknown, retry", yet the next leader commits them.
+    Such a failure must not count as definite, or the committed entry reads as a phantom."""
+    from deploy.drills.checker import is_definite
+    assert is_definite("NOT_LEADER", "this node is not the leader")
+    assert is_definite("NOT_LEADER")
+    assert not is_definite("NOT_LEADER", "leadership lost; the outcome is unknown, retry")
+    assert not is_definite("TIMEOUT")
+    h = [{"t": 0.0, "type": "send", "id": "a", "queue": 0},
+         {"t": 0.5, "type": "fail", "id": "a", "error": "NOT_LEADER",
+          "definite": is_definite("NOT_LEADER", "x; the outcome is unknown, retry")}]
+    reads = {r: [{"id": "a", "queue": 0, "queue_offset": 0, "commitlog_offset": 0, "body_ok": True}]
+             for r in ("a0", "a1")}
+    assert check(h, reads).phantoms == {}
+    h[1]["definite"] = True                 # the same read after a definite failure is a phantom
+    assert set(check(h, reads).phantoms) == {"a0", "a1"}

@@ -273,3 +273,112 @@ def test_slave_below_masters_retention_restarts_at_masters_first_segment(tmp_pat
         await s.stop()
         await m.stop()
     asyncio.run(main())
+
+
+def test_packed_appends_wait_for_slaves_and_many_waiters_release_in_order(tmp_path):
+    """The broker's batched path (append_packed) keeps the SYNC_MASTER rule, and concurrent
+    waiters are released by the acks that cover them (the waiter heap), none left behind."""
+    async def main():
+        m = master_log(tmp_path / "m")
+        await m.start()
+        status, _, placed = await asyncio.wait_for(m.append_packed([msg(0)]), 1.0)
+        assert status is PutStatus.SLAVE_NOT_AVAILABLE and len(placed) == 1
+        s = slave_log(tmp_path / "s", m)
+        await s.start()
+        await until(lambda: m.core.best_ack() >= 0, what="slave report")
+        outs = await asyncio.gather(*(m.append_packed([msg(i, q=i % 4) for i in range(8)]) for _ in range(40)))
+        assert [o[0] for o in outs] == [PutStatus.SEND_OK] * 40
+        ends = sorted(p + n for o in outs for p, n, _ in o[2])
+        assert m.core.best_ack() >= ends[-1] and m._waiters == []
+        with pytest.raises(NotLeader):
+            await s.append_packed([msg(1)])
+        await until(lambda: s.committed_position == m.committed_position, what="slave committed")
+        assert [s.queue_offset_of("T", q) for q in range(4)] == [81, 80, 80, 80]   # msg(0) went to queue 0 first
+        await s.stop()
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_waiter_that_times_out_leaves_the_heap(tmp_path):
+    async def main():
+        m = master_log(tmp_path / "m", timings=HATimings(heartbeat_interval_ms=200, housekeeping_ms=2000,
+                                                          slave_ack_timeout_ms=300))
+        await m.start()
+        m.core.on_report(99, 1, 0, now_ms=0)          # a connected slave that never acks more
+        status, _, _ = await m.append_packed([msg(1)])
+        assert status is PutStatus.FLUSH_SLAVE_TIMEOUT and m._waiters == []
+        await m.stop()
+    asyncio.run(main())
+
+
+def test_regression_demoted_live_master_truncates_and_catches_up(tmp_path, caplog):
+    """Regression (docker drill disk_full, group broker-b): the master wrote a record its slave
+    never got, lost the leader controller and stepped down while alive; the slave was elected
+    at a new epoch; the old master, told by the controller to follow it, must truncate that
+    record durably in-process, then hold every acked message and the new master's exact bytes.
+    A failure inside that session (here a truncate listener raising) used to end the HA client
+    task silently: the slave then replicated nothing, with no log line, until restarted."""
+    import logging
+
+    async def main():
+        a = master_log(tmp_path / "a", sync=True)              # broker 1, the master
+        await a.start()
+        await a.become_master(epoch=1)
+        b = slave_log(tmp_path / "b", a, broker_id=1)           # the slave
+        await b.start()
+        await until(lambda: a.core.best_ack() >= 0, what="slave report")
+        acked = await a.append([msg(i) for i in range(10)])
+        assert all(r.status is PutStatus.SEND_OK for r in acked)
+        await until(lambda: b.committed_position == a.committed_position, what="slave in step")
+        # The HA link is cut; the master writes one record (a topic config) that never replicates.
+        await b._stop_client()
+        await until(lambda: not a.core.slaves, what="master sees the link gone")
+        lost = await a.append([msg(100, size=60)])
+        assert lost[0].status is PutStatus.SLAVE_NOT_AVAILABLE
+        a_end, fork = a.commitlog.max_offset, lost[0].physical_offset
+        # No word from the leader controller: the live master steps down; the controller elects b.
+        await a._step_down()
+        assert a.role() == SLAVE and a.step_downs == 1
+        await b.become_master(epoch=2)
+        for i in range(3):   # stored on the new master; no slave follows it yet
+            assert (await b.append([msg(200 + i)]))[0].status is PutStatus.SLAVE_NOT_AVAILABLE
+        assert b.ha_epochs() == [(1, 0), (2, fork)]
+        truncated, fails = [], [1]
+
+        def listener(offset: int) -> None:
+            truncated.append(offset)
+            if fails:
+                fails.pop()
+                raise RuntimeError("consume queue cut failed")    # an error no handler expected
+        a.truncate_listeners.append(listener)
+        # The controller's word reaches the old master in-process (no restart).
+        reply = {"master_id": 1, "epoch": 2, "master_ha_addr": f"127.0.0.1:{b.ha_port}",
+                 "master_addr": "127.0.0.1:1", "sync_state_set": [1], "controller_leader": True}
+        with caplog.at_level(logging.WARNING, logger="ha"):
+            await a.on_controller_reply(reply)
+            assert a.role() == SLAVE
+            await until(lambda: a.client is not None and a.client.connected and
+                        a.committed_position == b.committed_position, timeout=15, what="old master resynced")
+        assert truncated[0] == fork < a_end                      # the unreplicated tail was cut
+        assert a.client.unexpected_errors == 1
+        assert any("failed unexpectedly" in r.getMessage() for r in caplog.records)   # loud, not silent
+        # More writes on the new master are acked by the old one (it follows, it does not stall).
+        tail = await b.append([msg(300 + i) for i in range(20)])
+        assert all(r.status is PutStatus.SEND_OK for r in tail)
+        await until(lambda: a.committed_position == b.committed_position, what="follows new writes")
+        want = [b"%06d" % i for i in range(10)] + [b"%06d" % (200 + i) for i in range(3)] + \
+            [b"%06d" % (300 + i) for i in range(20)]
+        assert bodies(a) == bodies(b) == want                    # every acked message, nothing else
+        end = b.committed_position
+        assert a.commitlog.files.read(0, end) == b.commitlog.files.read(0, end)   # identical committed bytes
+        assert [(e.epoch, e.start_offset) for e in a.epochs.entries] == b.ha_epochs()
+        await a.stop()
+        await b.stop()
+        # Durable: after a restart the cut record does not come back and the epochs hold.
+        a2 = HALog(FileSystem(), str(tmp_path / "a"), lcfg(), HALogConfig(
+            broker_id=0, initial_role=SLAVE, ha_master_address="127.0.0.1:1", timings=FAST))
+        await a2.start()
+        assert b"000100" not in bodies(a2) and a2.commitlog.max_offset == end
+        assert EpochFile(FileSystem(), str(tmp_path / "a")).load() == EpochFile(FileSystem(), str(tmp_path / "b")).load()
+        await a2.stop()
+    asyncio.run(main())

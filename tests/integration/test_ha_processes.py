@@ -124,13 +124,15 @@ class Group:
         self.ha = {0: p[4], 1: p[5]}
         self.procs: dict[str, lc.Proc] = {}
         self.controller_addr = {0: f"127.0.0.1:{self.ctl_api}", 1: f"127.0.0.1:{self.ctl_api}"}
+        self.extra_lines: dict[int, list[str]] = {0: [], 1: []}   # more config keys per broker
+        self.ctl_heartbeat_timeout_ms = 3000
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         self.procs[name] = lc.Proc(argv, os.path.join(self.tmp, f"{name}.log"), name).start()
 
     def start_controller(self) -> None:
         self._spawn("ctl", lc.controller_argv(self.ctl_api, self.ctl_raft, os.path.join(self.tmp, "ctl"),
-                                              heartbeat_timeout_ms=3000))
+                                              heartbeat_timeout_ms=self.ctl_heartbeat_timeout_ms))
         wait_for(lambda: http("GET", f"http://127.0.0.1:{self.ctl_api}/health")[1].get("role") == "LEADER",
                  what="controller up")
 
@@ -139,7 +141,7 @@ class Group:
             self.api[b], os.path.join(self.tmp, f"store{b}"),
             ["brokerClusterName=ha-test", "brokerName=broker-b", "flushDiskType=ASYNC_FLUSH",
              "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144",
-             *lc.classic_lines(b, self.role, self.ha[b], self.controller_addr[b])]))
+             *lc.classic_lines(b, self.role, self.ha[b], self.controller_addr[b]), *self.extra_lines[b]]))
         self._spawn(f"b{b}", lc.node_argv(conf))
 
     def start_dledger_node(self, name: str = "dl") -> int:
@@ -175,8 +177,10 @@ class Group:
         return http("GET", f"http://127.0.0.1:{self.ctl_api}/groups/broker-b/sync-state-set", timeout=2)[1]
 
     def send(self, b: int, i: int) -> str:
-        st, r = http("POST", self.url(b, f"/topics/{TOPIC}/messages"),
-                     {"messages": [{"body": f"m{i:06d}", "queue_id": 0}]})
+        return self.send_to(b, TOPIC, f"m{i:06d}")
+
+    def send_to(self, b: int, topic: str, body: str = "x") -> str:
+        st, r = http("POST", self.url(b, f"/topics/{topic}/messages"), {"messages": [{"body": body, "queue_id": 0}]})
         return r["results"][0]["status"] if st == 200 else f"HTTP{st}:{r.get('error')}"
 
     def bodies(self, b: int) -> list[str]:
@@ -325,6 +329,73 @@ def test_master_partitioned_from_controller_steps_down_and_slave_takes_over(grou
         proxy.close()
 
 
+def _commitlog_bytes(store: str, end: int) -> bytes:
+    d = os.path.join(store, "commitlog")
+    data = b""
+    for name in sorted(os.listdir(d)):
+        with open(os.path.join(d, name), "rb") as f:
+            data += f.read(end - len(data))
+    return data
+
+
+def test_regression_demoted_live_master_truncates_and_catches_up(group):
+    """Regression (docker drill disk_full): a live master holding a tail its slave never got is
+    cut off from the controller, steps down, the slave is elected, and the old master follows
+    it in the same process (no restart). It must cut that tail durably, then ack new writes
+    and hold exactly the new master's committed bytes; it used to stall silently instead."""
+    g = group
+    proxy = FaultProxy(g.ctl_api)
+    try:
+        g.controller_addr[0] = f"127.0.0.1:{proxy.port}"   # only broker 0 reaches the controller through it
+        # A longer controller heartbeat timeout (the lease stays at 2 s): the master steps down and
+        # the frozen slave is thawed before the controller would count the slave dead.
+        g.ctl_heartbeat_timeout_ms = 8000
+        _bring_up(g)
+        acked = [i for i in range(20) if g.send(0, i) == "SEND_OK"]
+        assert len(acked) == 20
+        pid0 = g.procs["b0"].pid
+        # The slave freezes; the master stores an 8 MiB tail nobody acks. Loopback buffers hold
+        # only part of it, and the rest never leaves the master once it stops its HA service.
+        g.procs["b1"].sigstop()
+        result: dict = {}
+        filler = "y" * 200_000
+
+        def write_tail() -> None:
+            result["r"] = http("POST", g.url(0, f"/topics/{TOPIC}/messages"),
+                               {"messages": [{"body": f"t{i:06d}{filler}", "queue_id": 0} for i in range(40)]
+                                + [{"body": "m001000", "queue_id": 0}]}, timeout=30)
+        writer = threading.Thread(target=write_tail, daemon=True)
+        writer.start()
+        time.sleep(0.4)
+        proxy.partition()   # the master loses the controller and lives on
+        wait_for(lambda: g.health(0).get("role") == "SLAVE", timeout=6, what="cut-off master steps down")
+        g.procs["b1"].cont()
+        writer.join(30)
+        st, r = result["r"]
+        assert st != 200 or "SEND_OK" not in {x["status"] for x in r["results"]}, r
+        g.wait_role(1, "MASTER", timeout=20)
+        wait_for(lambda: g.send(1, 2000) in ("SEND_OK", "SLAVE_NOT_AVAILABLE"), timeout=10,
+                 what="first write on the new master")
+        proxy.heal()
+        wait_for(lambda: g.health(0).get("leader") == f"127.0.0.1:{g.api[1]}", timeout=20,
+                 what="old master follows the new one")
+        more = [i for i in range(3000, 3020) if g.send(1, i) == "SEND_OK"]
+        assert len(more) == 20, "the old master, now a slave, must ack the new master's writes"
+        wait_for(lambda: g.health(0)["committed_offset"] == g.health(1)["committed_offset"], timeout=20,
+                 what="old master caught up")
+        assert g.procs["b0"].pid == pid0, "the old master must follow in-process, not by a restart"
+        log0 = open(os.path.join(g.tmp, "b0.log")).read()
+        assert "truncated commitlog" in log0, "the old master had an unreplicated tail to cut"
+        on_old = wait_for(lambda: (lambda b: b if b == g.bodies(1) else None)(g.bodies(0)), what="same messages")
+        assert all(f"m{i:06d}" in on_old for i in acked + more + [2000])
+        assert "m001000" not in on_old
+        end = g.health(1)["committed_offset"]
+        assert _commitlog_bytes(os.path.join(g.tmp, "store0"), end) == \
+            _commitlog_bytes(os.path.join(g.tmp, "store1"), end), "committed bytes differ"
+    finally:
+        proxy.close()
+
+
 def test_consumer_offsets_and_topic_config_reach_the_slave(group):
     g = group
     _bring_up(g)
@@ -343,6 +414,22 @@ def test_consumer_offsets_and_topic_config_reach_the_slave(group):
     names, rows = wait_for(on_slave, timeout=20, what="topic config and offsets on the slave")
     assert names["CfgTopic"]["read_queue_nums"] == 3, names["CfgTopic"]
     assert rows == [{"topic": TOPIC, "queue_id": 0, "offset": 1}], rows
+
+    # A topic held by the controller: its perm, changed there, reaches master and slave
+    # (regression: only topic creation and growth were pushed).
+    ctl = f"http://127.0.0.1:{g.ctl_api}/topics"
+    st, r = http("POST", ctl, {"topic": "CtlPerm", "queues": 2, "perm": 6})
+    assert st == 201, r
+    wait_for(lambda: g.send_to(0, "CtlPerm") == "SEND_OK", timeout=15, what="CtlPerm writable on the master")
+    st, r = http("POST", ctl, {"topic": "CtlPerm", "queues": 2, "perm": 4})
+    assert st == 201, r
+
+    def perm_of(b: int) -> int | None:
+        st, topics = http("GET", g.url(b, "/topics"), timeout=2)
+        return {t["topic"]: t["perm"] for t in topics.get("topics", [])}.get("CtlPerm") if st == 200 else None
+    wait_for(lambda: perm_of(0) == 4 and perm_of(1) == 4, timeout=15, what="read-only perm on master and slave")
+    st, r = http("POST", g.url(0, "/topics/CtlPerm/messages"), {"messages": [{"body": "x", "queue_id": 0}]})
+    assert st == 403 and r["error"] == "NO_PERMISSION", (st, r)
 
 
 def _cli(*args: str) -> str:

@@ -35,7 +35,7 @@ def _field(code: str) -> st.SearchStrategy:
 
 def _codes(s: struct.Struct) -> list[str]:
     assert s.format[0] == ">", f"{s.format} is not big-endian"
-    return re.findall(r"\d*[a-zA-Z]", s.format[1:])
+    return [c for c in re.findall(r"\d*[a-zA-Z]", s.format[1:]) if not c.endswith("x")]   # pad bytes take no value
 
 
 STRUCTS = {name: v for name, v in vars(L).items() if isinstance(v, struct.Struct)}
@@ -46,7 +46,17 @@ def test_every_layout_struct_is_known_here():
     assert set(STRUCTS) == {"MESSAGE_HEADER", "TOPIC_LEN", "PROPERTIES_LEN", "BLANK", "ENTRY_HEADER",
                             "ENTRY_BLANK", "ENTRY_INDEX", "CQ_UNIT", "INDEX_HEADER", "INDEX_SLOT",
                             "INDEX_ENTRY", "CHECKPOINT", "MSG_ID", "HA_PUSH_HEADER", "HA_SLAVE_REPORT",
-                            "FRAME_LEN"}
+                            "FRAME_LEN", "MESSAGE_QUEUE_FIELDS"}
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_message_queue_fields_view_reads_the_header_fields(data):
+    values = tuple(data.draw(_field(c)) for c in _codes(L.MESSAGE_HEADER))
+    packed = L.MESSAGE_HEADER.pack(*values)
+    h = dict(zip(L.MESSAGE_FIELD_OFFSET, values))
+    got = L.MESSAGE_QUEUE_FIELDS.unpack_from(packed, L.MESSAGE_FIELD_OFFSET["queue_id"])
+    assert got == (h["queue_id"], h["queue_offset"], h["sys_flag"], h["body_len"])
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,9 +3,18 @@ restarts. Method: one seed drives a group of three brokers (logs of unique entry
 their epochs, epoch files), a master appending with allAckInSyncStateSet (acked once
 every SyncStateSet member holds the entry), slaves that reconcile by epoch
 (`find_consistent_point`) before copying, and the controller (`plan_ops` + `apply_op`)
-over virtual time. Checkers: epochs strictly rise, one master per epoch, an elected
-master comes from the SyncStateSet, and no acked entry is ever missing from the
-current master's log. A failure prints its seed; `run_seed(seed, trace=True)` replays it."""
+over virtual time. Each broker process has the real master-side core (`HAServiceCore`,
+offsets in entries): pushes and slave reports feed it, its in-sync set (byte gap,
+silence, haMaxTimeSlaveNotCatchup, confirm offset) is what the master's heartbeat
+reports, and an append is acked once the SyncStateSet and that in-sync set hold it.
+Some slaves run slow for a while, so the time rule shrinks the set. Checkers: epochs
+strictly rise, one master per epoch, an elected master comes from the SyncStateSet,
+and no acked entry is ever missing from the current master's log. A master may also be cut
+off from the controller while it lives: it stops writing when its lease runs out, another
+broker is elected, and after the cut heals the old master follows the new one in the same
+process, keeping its log; a slave's log must always be a prefix of the master it copies
+from (an old master that kept a tail the new master never had fails this). A failure prints
+its seed; `run_seed(seed, trace=True)` replays it."""
 
 from __future__ import annotations
 
@@ -16,10 +25,15 @@ import pytest
 
 from ha.controller import BrokerHeartbeat, ElectOptions, Liveness, apply_op, empty_state, plan_ops
 from ha.epoch import EpochEntry, find_consistent_point, with_ends
+from ha.replication import HAServiceCore, HATimings
 
 STEP_MS = 500
-GAP = 3            # entries: the sim's haMaxGapNotInSync
+LEASE_MS = 1000    # controllerLeaseTimeoutMills: below OPTS.heartbeat_timeout_ms, as the real check demands
+GAP = 8            # entries: the sim's haMaxGapNotInSync
 OPTS = ElectOptions(heartbeat_timeout_ms=1500)
+# Entry units: the gap is GAP entries; a slave not holding what the master held 2 s ago is out.
+TIMINGS = HATimings(heartbeat_interval_ms=1000, housekeeping_ms=4000, max_gap_not_in_sync_bytes=GAP,
+                    max_time_slave_not_catchup_ms=2000)
 
 
 @dataclass
@@ -29,6 +43,11 @@ class Broker:
     epochs: list[EpochEntry] = field(default_factory=list)
     alive: bool = True
     master_epoch: int = 0                                   # > 0 while it acts as master of that epoch
+    slow: bool = False                                      # a slave applying little for a while
+    core: HAServiceCore | None = None                       # this process's master-side HA core
+    conns: dict[int, tuple[int, int]] = field(default_factory=dict)   # as master: slave -> (conn id, acked)
+    cut_until: int = -1                                     # cut off from the controller until then (ms)
+    last_contact: int = 0                                   # last time the controller answered it (ms)
 
     @property
     def last_epoch(self) -> int:
@@ -36,8 +55,9 @@ class Broker:
 
 
 class Sim:
-    def __init__(self, seed: int, trace: bool = False):
+    def __init__(self, seed: int, trace: bool = False, cuts: bool = True):
         self.rng = random.Random(seed)
+        self.cuts = cuts                         # masters may be cut off from the controller
         self.seed = seed
         self.trace = trace
         self.brokers = {b: Broker(b) for b in range(3)}
@@ -48,6 +68,12 @@ class Sim:
         self.acked: dict[int, int] = {}          # entry id -> index in the log
         self.pending: list[tuple[int, int, int]] = []   # (epoch, index, id) awaiting SSS acks
         self.masters_by_epoch: dict[int, int] = {}
+        self.next_conn = 0
+        self.time_evictions = 0                  # slaves the time rule took out while inside the gap
+        self.live_demotions = 0                  # masters that stepped down alive and later followed another
+        self.tails_cut = 0                       # entries an old master cut from its log to follow a new one
+        for b in self.brokers.values():
+            self.boot(b)
         for b in self.brokers:
             apply_op(self.state, {"op": "register", "group": "g", "broker_id": b, "addr": f"b{b}", "ha_addr": f"h{b}"})
 
@@ -55,11 +81,17 @@ class Sim:
         if self.trace:
             print(f"[seed {self.seed} t={self.now}]", *a)
 
+    def boot(self, b: Broker) -> None:
+        """A (re)started process: a fresh HA core, no links."""
+        b.core = HAServiceCore(master_id=b.bid, timings=TIMINGS, all_ack_in_sync_state_set=True)
+        b.conns = {}
+
     # --- the controller ------------------------------------------------------------------------
     def controller_step(self) -> None:
         for b in self.brokers.values():
-            if b.alive:
-                in_sync = tuple(o.bid for o in self.brokers.values() if o.alive and o is not b and self.in_sync(b, o))
+            if b.alive and self.now >= b.cut_until:
+                b.last_contact = self.now
+                in_sync = tuple(sorted(self.in_sync(b))) if b.master_epoch else ()
                 self.live.record(BrokerHeartbeat("g", b.bid, f"b{b.bid}", f"h{b.bid}", b.last_epoch, len(b.log),
                                                   b.bid, in_sync=in_sync if b.master_epoch else (),
                                                   last_seen_ms=self.now))
@@ -81,10 +113,14 @@ class Sim:
     def apply_roles(self) -> None:
         g = self.state["groups"]["g"]
         for b in self.brokers.values():
-            if not b.alive:
-                continue
+            if not b.alive or self.now < b.cut_until:
+                continue      # a cut-off broker hears nothing: its role stays what it was
             if g["master_id"] == b.bid and b.master_epoch != g["master_epoch"]:
                 b.master_epoch = g["master_epoch"]
+                b.core.become_master(len(b.log))
+                for conn, _ in b.conns.values():
+                    b.core.remove(conn)
+                b.conns = {}
                 if b.master_epoch > b.last_epoch:
                     b.epochs.append(EpochEntry(b.master_epoch, len(b.log)))
                 self.pending = []     # the old master's unacked appends are not acked, ever
@@ -96,11 +132,17 @@ class Sim:
         for eid, idx in self.acked.items():
             assert idx < len(master.log) and master.log[idx] == eid, f"acked entry {eid} lost at {idx}"
 
-    def in_sync(self, m: Broker, o: Broker) -> bool:
-        """HAServiceCore.in_sync_broker_ids in entry units: a prefix of the master's log, within
-        GAP entries, holding everything acked (the confirm offset)."""
-        confirm = 1 + max(self.acked.values(), default=-1)
-        return (o.log == m.log[:len(o.log)] and len(m.log) - len(o.log) <= GAP and len(o.log) >= confirm)
+    def in_sync(self, m: Broker) -> frozenset[int]:
+        """The master's in-sync slaves, from its HAServiceCore; counts time-rule evictions."""
+        before = set(m.core.in_sync)
+        now = m.core.in_sync_broker_ids(len(m.log), self.now)
+        for b in before - now:
+            o = self.brokers[b]
+            if o.alive and b in m.conns and len(m.log) - len(o.log) <= GAP and self.now - m.core.slaves[
+                    m.conns[b][0]].last_report_ms <= TIMINGS.housekeeping_ms:
+                self.time_evictions += 1
+                self.log("time rule: broker", b, "out of the in-sync set")
+        return now
 
     # --- brokers -------------------------------------------------------------------------------
     def master(self) -> Broker | None:
@@ -116,11 +158,23 @@ class Sim:
 
     def replicate(self, m: Broker, s: Broker) -> None:
         point = self.reconcile(m, s)
+        self.tails_cut += max(0, len(s.log) - point)
         del s.log[point:]
         s.epochs = [e for e in s.epochs if e.start_offset < point] if point < len(s.log) + 1 else s.epochs
-        n = self.rng.randint(0, 6)
+        conn, acked = m.conns.get(s.bid, (None, -1))
+        if conn is None or len(s.log) < acked:   # a new link (the real slave reconciles on connect)
+            if conn is not None:
+                m.core.remove(conn)
+            self.next_conn += 1
+            conn = self.next_conn
+        m.core.on_push(conn, len(m.log), self.now)
+        n = (self.rng.random() < 0.3) if s.slow else self.rng.randint(0, 6)
         s.log += m.log[len(s.log):len(s.log) + n]
         s.epochs = [e for e in m.epochs if e.start_offset < len(s.log)] or s.epochs
+        m.core.on_report(conn, s.bid, len(s.log), self.now, master_max=len(m.log))
+        m.conns[s.bid] = (conn, len(s.log))
+        # What a slave reports holding is the master's log up to there, entry for entry.
+        assert s.log == m.log[:len(s.log)], f"slave {s.bid} diverged from master {m.bid} at {len(s.log)}"
 
     def reconcile(self, m: Broker, s: Broker) -> int:
         if not m.epochs or not s.epochs:
@@ -129,11 +183,14 @@ class Sim:
         return min(len(s.log), p if p >= 0 else 0)
 
     def settle_acks(self, m: Broker) -> None:
-        need = [self.brokers[b] for b in self.state["groups"]["g"]["sss"] if b != m.bid]
+        # HAServiceCore._required_slaves: the controller's SyncStateSet and the master's own in-sync set.
+        required = set(self.state["groups"]["g"]["sss"]) | m.core.in_sync
+        need = [self.brokers[b] for b in required if b != m.bid]
         still = []
         for epoch, idx, eid in self.pending:
             if all(o.alive and idx < len(o.log) and o.log[idx] == eid for o in need):
                 self.acked[eid] = idx
+                m.core.confirm_offset = max(m.core.confirm_offset, idx + 1)   # as HAServiceCore.check on ACK
             else:
                 still.append((epoch, idx, eid))
         self.pending = still
@@ -145,11 +202,29 @@ class Sim:
         if r < 0.06 and len(alive) > 1:
             victim = self.rng.choice(alive)
             victim.alive, victim.master_epoch = False, 0
+            for b in self.brokers.values():      # its links break
+                if victim.bid in b.conns:
+                    b.core.remove(b.conns.pop(victim.bid)[0])
             self.log("crash", victim.bid)
         elif r < 0.14:
             dead = [b for b in self.brokers.values() if not b.alive]
             if dead:
-                self.rng.choice(dead).alive = True
+                back = self.rng.choice(dead)
+                back.alive = True
+                self.boot(back)
+        elif r < 0.18:
+            b = self.rng.choice(list(self.brokers.values()))
+            b.slow = not b.slow
+        elif r < 0.22 and self.cuts:
+            m = self.master()
+            if m is not None:   # the master loses the controller for a while, and lives on
+                m.cut_until = self.now + self.rng.choice((1, 2, 4, 8)) * STEP_MS
+                self.log("cut off from the controller", m.bid, "until", m.cut_until)
+        for b in self.brokers.values():
+            if b.alive and b.master_epoch and self.now - b.last_contact > LEASE_MS:
+                b.master_epoch = 0        # lease ran out: it stops writing, keeps its log, stays alive
+                self.live_demotions += 1
+                self.log("stepped down", b.bid)
         m = self.master()
         if m is not None:
             if self.rng.random() < 0.5:   # slower than replication on average, so slaves catch up
@@ -161,8 +236,8 @@ class Sim:
         self.controller_step()
 
 
-def run_seed(seed: int, steps: int = 300, trace: bool = False) -> Sim:
-    sim = Sim(seed, trace)
+def run_seed(seed: int, steps: int = 300, trace: bool = False, cuts: bool = True) -> Sim:
+    sim = Sim(seed, trace, cuts)
     for _ in range(steps):
         sim.step()
     return sim
@@ -182,3 +257,50 @@ def test_simulation_exercises_failover():
     sims = [run_seed(s) for s in range(20)]
     assert sum(len(s.masters_by_epoch) for s in sims) > 40
     assert sum(len(s.acked) for s in sims) > 1000
+    assert sum(s.time_evictions for s in sims) > 10, "haMaxTimeSlaveNotCatchup never took a slave out"
+    assert sum(s.live_demotions for s in sims) > 10, "no master ever stepped down alive"
+    assert sum(s.tails_cut for s in sims) > 0, "no demoted master ever had a tail to cut"
+
+
+def _old_join_rule(monkeypatch, promotion_confirm: bool) -> None:
+    """The in-sync join rule before haMaxTimeSlaveNotCatchup: the confirm offset alone; and
+    optionally the promotion bug (a new master's confirm offset left at 0)."""
+    monkeypatch.setattr(HAServiceCore, "_caught_up_recently", lambda self, b, now: True)
+    if not promotion_confirm:
+        def promote(self, master_max):
+            self.in_sync.clear()
+            self.caught_up_ms.clear()
+            self._samples.clear()
+        monkeypatch.setattr(HAServiceCore, "become_master", promote)
+
+
+def test_checker_catches_a_new_master_admitting_a_lagging_slave(monkeypatch):
+    """Regression (the sim must see it): a slave promoted to master kept confirm offset 0, so a
+    slave missing entries an earlier master acked joined the in-sync set, the SyncStateSet, and
+    could be elected. These seeds lost acked entries that way."""
+    _old_join_rule(monkeypatch, promotion_confirm=False)
+    for seed in (21, 26, 43):
+        with pytest.raises(AssertionError, match="acked entry"):
+            run_seed(seed, cuts=False)   # the seeds that found it, as they ran then
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_promotion_confirm_offset_alone_keeps_acked_entries(monkeypatch, seed):
+    """The fix (HAServiceCore.become_master: confirm offset = the new master's log end) holds even
+    without the time rule, which closes the same hole a second way."""
+    _old_join_rule(monkeypatch, promotion_confirm=True)
+    run_seed(seed)
+
+
+def test_checker_catches_a_demoted_master_keeping_its_tail(monkeypatch):
+    """The prefix check must see the drill's bug: an old master, demoted while alive, follows the
+    new master without cutting the tail it wrote alone (no epoch search, only the end offsets)."""
+    monkeypatch.setattr(Sim, "reconcile", lambda self, m, s: min(len(s.log), len(m.log)))
+    caught = 0
+    for seed in range(40):
+        try:
+            run_seed(seed)
+        except AssertionError as e:
+            assert "diverged" in str(e) or "acked entry" in str(e), e
+            caught += 1
+    assert caught >= 5, f"only {caught} of 40 seeds caught a demoted master keeping its tail"

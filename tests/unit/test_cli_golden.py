@@ -24,9 +24,11 @@ T0 = 1_790_000_000_000          # 2026-09-21 14:13:20 UTC
 NODES = {"cluster": "DefaultCluster", "group": "broker-a", "self": "n1", "nodes": [
     {"node_id": "n0", "api": "127.0.0.1:20901", "reachable": False, "cluster": None},
     {"node_id": "n1", "api": "127.0.0.1:20911", "reachable": True, "cluster": {
-        "role": "FOLLOWER", "in_tps": 0.0, "out_tps": 12.5, "log": {"term": 3, "commit_index": 41}}},
+        "role": "FOLLOWER", "in_tps": 0.0, "out_tps": 12.5, "put_wait_ms": 0, "earliest_store_timestamp": None,
+        "log": {"term": 3, "commit_index": 41}}},
     {"node_id": "n2", "api": "127.0.0.1:20921", "reachable": True, "cluster": {
-        "role": "LEADER", "in_tps": 1234.5, "out_tps": 99.25, "log": {"term": 3, "commit_index": 41,
+        "role": "LEADER", "in_tps": 1234.5, "out_tps": 99.25, "put_wait_ms": 7,
+        "earliest_store_timestamp": T0 - 5 * 3_600_000 - 1_800_000, "log": {"term": 3, "commit_index": 41,
                                                                      "disk_usage_ratio": 0.4321}}}]}
 TOPIC = {"topic": "TopicTest", "read_queue_nums": 2, "write_queue_nums": 2, "perm": 6, "queues": [
     {"queue_id": 0, "min_offset": 0, "max_offset": 120, "last_updated": T0 + 5},
@@ -105,6 +107,7 @@ def canned(monkeypatch, tmp_path):
         return json.loads(json.dumps(ANSWERS[(method, path)]))
 
     monkeypatch.setattr(cli, "call", fake_call)
+    monkeypatch.setattr(cli, "now_ms", lambda: T0)
     yield calls
     monkeypatch.delenv("TZ")
     time.tzset()
@@ -145,6 +148,16 @@ def test_cluster_list_puts_the_leader_at_bid_0_and_marks_unreachable(canned, tmp
     assert lines[1].split()[2:4] == ["0", "127.0.0.1:20921"]
     down = [ln for ln in lines if "UNREACHABLE" in ln]
     assert len(down) == 1 and "127.0.0.1:20901" in down[0]
+
+
+def test_cluster_list_fills_pcwait_and_hours_from_the_nodes_reports(canned, tmp_path):
+    rows = {ln.split()[3]: ln.split() for ln in run(["clusterList"], tmp_path).splitlines()[1:]}
+    assert rows["127.0.0.1:20921"][7:9] == ["7", "5.50"]       # leader: 7 ms put wait, 5.5 h of data
+    assert rows["127.0.0.1:20911"][7:9] == ["0", "0.00"]       # empty log: no hours yet
+    assert rows["127.0.0.1:20901"][7:9] == ["-", "-"]           # unreachable
+    older = {"cluster": "c", "group": "g", "nodes": [{"node_id": "a", "api": "h:1", "reachable": True,
+                                                     "cluster": {"role": "LEADER", "in_tps": 1.0}}]}
+    assert cli.cluster_list_table(older, now=T0).splitlines()[1].split()[7:9] == ["-", "-"]   # a node without them
 
 
 MEMBERS_PATH = ("GET", "/groups/please_rename_unique_group_name/members")

@@ -30,9 +30,26 @@ def test_every_message_round_trips():
         M.Append(3, "n0", 5, 2, entries(5, [2, 3, 3]), 4), M.InstallBase(3, "n0", 5, 2, 9, 2, 5),
         M.HeartbeatResponse(3, 4), M.CompareResponse(3, 5, True, 9, 2, 8, 5, 2), M.TruncateResponse(3, 6, True, 5, 5),
         M.AppendResponse(3, True, 8, 8), M.InstallBaseResponse(3, 5, True, 5),
+        M.FetchEntries(7, 12, 1), M.FetchEntriesResponse(7, 12, b"\x00raw entry\xff", ""),
+        M.FetchEntriesResponse(8, 12, b"", "entry 12 is not a committed entry here"),
     ]
     for m in msgs:
         assert codec.decode(codec.encode(m)) == m
+
+
+@pytest.mark.parametrize("wire, why", [
+    (["FetchEntries", 0, 5, 1], "request_id"),
+    (["FetchEntries", 1, 0, 1], "index"),
+    (["FetchEntries", 1, 5, M.MAX_FETCH_ENTRIES + 1], "count"),
+    (["FetchEntries", 1, 5, 0], "count"),
+    (["FetchEntriesResponse", 1, 5, b"", ""], "exactly one"),
+    (["FetchEntriesResponse", 1, 5, b"x", "and an error"], "exactly one"),
+    (["FetchEntriesResponse", 1, 5, "not bytes", ""], "entries must be bytes"),
+    (["FetchEntriesResponse", 1, 5, b"", "e" * (M.MAX_FETCH_ERROR_CHARS + 1)], "error must be"),
+])
+def test_repair_messages_are_bounded_and_validated(wire, why):
+    with pytest.raises(codec.CodecError, match=why):
+        codec.decode(msgpack.packb(wire, use_bin_type=True))
 
 
 @settings(max_examples=60, deadline=None)

@@ -14,7 +14,6 @@ import asyncio
 import bisect
 import logging
 import os
-import time
 
 import pytest
 
@@ -359,7 +358,8 @@ def test_run_loop_follows_commits_fires_listeners_and_checkpoints_on_stop(tmp_pa
                                       & set(by_queue))
 
 
-def test_throughput_on_1kib_messages(tmp_path, caplog):
+def test_dispatches_20k_keyed_1kib_messages(tmp_path, caplog):
+    # Speed lives in bench/bench_store.py; this checks a large keyed catch-up completes.
     caplog.set_level(logging.WARNING)
     log = FakeLog()
     n = 20_000
@@ -370,8 +370,7 @@ def test_throughput_on_1kib_messages(tmp_path, caplog):
     s.cqs.units_per_file = 300_000
     s.index = s.d.index = IndexService(s.fs, s.root, hash_slots=500_000, max_entries=2_000_000)
     s.recover(log)
-    t = time.perf_counter()
     assert s.d.catch_up() == n
-    rate = n / (time.perf_counter() - t)
-    print(f"\ndispatch: {rate:,.0f} records/s (1 KiB, keys + UNIQ_KEY indexed)")
-    assert rate > 10_000                        # a floor against gross regressions, not the target
+    assert sorted(cq.max_offset for cq in s.cqs.queues()) == [n // 8] * 8
+    for i in (0, n // 2, n - 1):
+        assert s.index.query("Bench", f"k{i}", 0, 2**62, 5) == [log.records[i][0]]

@@ -8,7 +8,7 @@ import pytest
 
 from ha.replication import (CLIENT_TRANSITIONS, CONN_TRANSITIONS, WAIT_TRANSITIONS, ClientInput, ClientState,
                             CloseLink, ConnInput, ConnState, HAClientCore, HAConnectionCore, HAServiceCore,
-                            HATimings, MiB, PushVerdict, SendPush, WaitInput, WaitState)
+                            HATimings, MiB, NO_LIMIT, PushVerdict, SendPush, WaitInput, WaitState)
 
 SEG = 1 << 20
 T = HATimings()
@@ -261,9 +261,9 @@ def test_removed_slave_no_longer_counts():
 
 def test_in_sync_set_uses_gap_and_silence():
     s = HAServiceCore()
-    s.on_report(1, 1, 300 * MiB, now_ms=0)
-    s.on_report(2, 2, 10, now_ms=0)
-    s.on_report(3, 3, 300 * MiB, now_ms=-T.housekeeping_ms - 1)
+    s.on_report(1, 1, 300 * MiB, now_ms=0, master_max=300 * MiB)
+    s.on_report(2, 2, 10, now_ms=0, master_max=300 * MiB)
+    s.on_report(3, 3, 300 * MiB, now_ms=-T.housekeeping_ms - 1, master_max=300 * MiB)
     assert s.in_sync_broker_ids(300 * MiB, now_ms=0) == {1}
 
 
@@ -277,12 +277,12 @@ def test_timings_validate():
 
 def test_in_sync_requires_every_acked_message():
     s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0, 1}))
-    s.on_report(11, 1, 1000, now_ms=0)
+    s.on_report(11, 1, 1000, now_ms=0, master_max=1000)
     assert s.begin(1000, 0).state is WaitState.ACKED
     assert s.confirm_offset == 1000
-    s.on_report(12, 2, 900, now_ms=0)          # broker 2 is within the gap but lacks an acked message
+    s.on_report(12, 2, 900, now_ms=0, master_max=1000)   # broker 2 is within the gap but lacks an acked message
     assert s.in_sync_broker_ids(1000, now_ms=0) == {1}
-    s.on_report(12, 2, 1000, now_ms=1)
+    s.on_report(12, 2, 1000, now_ms=1, master_max=1000)
     assert s.in_sync_broker_ids(1000, now_ms=1) == {1, 2}
 
 
@@ -345,27 +345,27 @@ def test_slave_counted_in_sync_must_ack_before_the_controller_confirms_it():
     may put it in the SyncStateSet (and elect it) before the master hears the new set back."""
     s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0}))
     assert s.begin(1000, 0).state is WaitState.ACKED          # lone master: SSS = {0}
-    s.on_report(11, 1, 1000, now_ms=0)                        # the slave reaches the confirm offset
+    s.on_report(11, 1, 1000, now_ms=0, master_max=1000)       # the slave reaches the confirm offset
     assert s.in_sync_broker_ids(1000, now_ms=0) == {1}
     t = s.begin(2000, 0)
     assert t.state is WaitState.WAITING, "acked without the slave the master just reported in sync"
     assert s.check(t, T.slave_ack_timeout_ms).state is WaitState.FLUSH_SLAVE_TIMEOUT
     assert s.confirm_offset == 1000
-    s.on_report(11, 1, 2000, now_ms=1)
+    s.on_report(11, 1, 2000, now_ms=1, master_max=2000)
     assert s.begin(2000, 1).state is WaitState.ACKED
     assert s.in_sync_broker_ids(2100, now_ms=1) == {1}        # not re-sampled against later writes
 
 
 def test_in_sync_slave_leaves_on_disconnect_and_rejoins_at_the_confirm_offset():
     s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0}))
-    s.on_report(11, 1, 0, now_ms=0)
+    s.on_report(11, 1, 0, now_ms=0, master_max=0)
     assert s.in_sync_broker_ids(0, now_ms=0) == {1}
     s.remove(11)
     assert s.in_sync_broker_ids(0, now_ms=0) == frozenset()
     assert s.begin(500, 0).state is WaitState.ACKED          # not required any more: SSS is {0}
-    s.on_report(12, 1, 400, now_ms=1)                          # reconnected, behind the confirm offset
+    s.on_report(12, 1, 400, now_ms=1, master_max=500)          # reconnected, behind the confirm offset
     assert s.in_sync_broker_ids(500, now_ms=1) == frozenset()
-    s.on_report(12, 1, 500, now_ms=2)
+    s.on_report(12, 1, 500, now_ms=2, master_max=500)
     assert s.in_sync_broker_ids(500, now_ms=2) == {1}
 
 
@@ -375,3 +375,76 @@ def test_slave_in_controller_sss_stays_required_after_the_master_drops_it():
     s.on_report(11, 1, 100, now_ms=T.housekeeping_ms + 1)      # still connected, but ...
     assert s.in_sync_broker_ids(100 + 300 * MiB, now_ms=T.housekeeping_ms + 1) == frozenset()   # ... past the gap
     assert s.begin(200, 0).state is WaitState.WAITING          # the controller has not shrunk the SSS yet
+
+
+# --- haMaxTimeSlaveNotCatchup, promotion, ack release ------------------------------------------
+
+def test_slave_behind_for_max_time_not_catchup_leaves_the_in_sync_set():
+    """RocketMQ haMaxTimeSlaveNotCatchup: a slave that has not held everything the master held
+    at some moment within the last 15 s leaves the in-sync set, even inside the byte gap."""
+    lim = T.max_time_slave_not_catchup_ms
+    s = HAServiceCore(master_id=0)
+    s.on_report(11, 1, 1000, now_ms=0, master_max=1000)
+    assert s.in_sync_broker_ids(1000, now_ms=0) == {1}
+    # The master writes 1000 bytes/s; the slave applies at half that rate: it keeps acking, stays
+    # far inside the byte gap, but what it holds is ever older: at time t it holds the master's t/2.
+    end = 2 * lim + 4000
+    for t in range(1000, end + 1, 1000):
+        s.on_push(11, 1000 + t, t)
+        s.on_report(11, 1, 1000 + t // 2, now_ms=t, master_max=1000 + t)
+        expect = frozenset({1}) if t - t // 2 <= lim else frozenset()
+        assert s.in_sync_broker_ids(1000 + t, now_ms=t) == expect, t
+    assert s.caught_up_ms[1] == end // 2
+    # It catches up with the latest sample: back in (it holds the confirm offset).
+    s.on_report(11, 1, 1000 + end, now_ms=end + 500, master_max=1000 + end + 100)
+    assert s.caught_up_ms[1] == end
+    assert s.in_sync_broker_ids(1000 + end + 100, now_ms=end + 500) == {1}
+
+
+def test_slave_that_trails_by_a_little_stays_in_sync():
+    """Reaching what the master held a moment ago is caught up: steady lag does not evict."""
+    s = HAServiceCore(master_id=0)
+    s.on_report(11, 1, 0, now_ms=0, master_max=0)
+    for t in range(10, 60_000, 10):
+        s.on_push(11, t * 100, t)
+        s.on_report(11, 1, (t - 200) * 100 if t > 200 else 0, now_ms=t, master_max=t * 100 + 50)
+    assert s.in_sync_broker_ids(60_000 * 100, now_ms=60_000) == {1}
+    assert 60_000 - s.caught_up_ms[1] < 1000
+
+
+def test_catch_up_samples_are_bounded_per_connection():
+    s = HAServiceCore(master_id=0)
+    for t in range(0, 10_000_000, 50):
+        s.on_push(11, t, t)
+    assert len(s._samples[11]) <= 1024
+    s.remove(11)
+    assert 11 not in s._samples
+
+
+def test_new_master_admits_slaves_only_at_its_log_end():
+    """Regression: a broker promoted from slave had confirm offset 0, so a lagging slave (missing
+    messages an earlier master acked) joined the in-sync set at once; the controller could then
+    add it to the SyncStateSet and elect it, losing acked messages. The confirm offset of a new
+    master is its whole log (its SyncStateSet is itself)."""
+    s = HAServiceCore(master_id=2, all_ack_in_sync_state_set=True, sync_state_set=frozenset({2}))
+    s.become_master(10_000)
+    s.on_push(11, 10_000, 0)
+    s.on_report(11, 1, 6_000, now_ms=0, master_max=10_000)
+    assert s.in_sync_broker_ids(10_000, now_ms=0) == frozenset()
+    s.on_report(11, 1, 10_000, now_ms=1, master_max=10_500)
+    assert s.in_sync_broker_ids(10_500, now_ms=1) == {1}
+
+
+def test_covered_offset_is_the_release_point_for_waiters():
+    s = HAServiceCore(master_id=0)
+    assert s.covered_offset() == -1
+    s.on_report(11, 1, 700, now_ms=0, master_max=900)
+    s.on_report(12, 2, 300, now_ms=0, master_max=900)
+    assert s.covered_offset() == 700                       # any slave's ack covers
+    a = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True, sync_state_set=frozenset({0}))
+    assert a.covered_offset() == NO_LIMIT                  # nobody else required
+    a.sync_state_set = frozenset({0, 1, 2})
+    a.on_report(11, 1, 700, now_ms=0, master_max=900)
+    a.on_report(12, 2, 300, now_ms=0, master_max=900)
+    assert a.covered_offset() == 300                       # every member must hold it
+    assert a.begin(300, 0).state is WaitState.ACKED and a.begin(301, 0).state is WaitState.WAITING

@@ -1,9 +1,11 @@
 """Goal: broker.conf keys map onto HALog the way the wiring module documents. Method:
 build BrokerConfigs from properties and inspect the HALogConfig (no IO started)."""
 
+import pytest
+
 from ha.ha_log import MASTER, SLAVE
 from ha.wiring import build_ha_log, classic_ha_enabled
-from node.config import load_config
+from node.config import ConfigError, load_config
 from node.store.checkpoint import Checkpoint
 from node.store.fileio import FileSystem
 
@@ -42,3 +44,32 @@ def test_sync_master_with_controller(tmp_path):
     assert h.role() == SLAVE                     # with a controller, nobody is master until told
     assert h.cfg.controller_addrs == ("a:9876", "b:9876") and h.cfg.group == "broker-b"
     assert h.cfg.self_ha_address.endswith(":10912")
+
+
+def test_lease_and_catchup_keys_reach_the_ha_log(tmp_path):
+    h = build(conf(tmp_path, brokerRole="SYNC_MASTER", controllerAddr="a:9876"))
+    assert h.cfg.controller_lease_ms == 2000 and h.cfg.timings.max_time_slave_not_catchup_ms == 15_000
+    h = build(conf(tmp_path, brokerRole="SYNC_MASTER", controllerAddr="a:9876", controllerLeaseTimeoutMills="1200",
+                   haMaxTimeSlaveNotCatchup="4000"))
+    assert h.cfg.controller_lease_ms == 1200 and h.core.timings.max_time_slave_not_catchup_ms == 4000
+
+
+@pytest.mark.parametrize("key,value", [("controllerLeaseTimeoutMills", "0"), ("controllerLeaseTimeoutMills", "99"),
+                                       ("controllerLeaseTimeoutMills", "2s"), ("haMaxTimeSlaveNotCatchup", "-1"),
+                                       ("haMaxTimeSlaveNotCatchup", "3600001")])
+def test_lease_and_catchup_keys_are_validated(tmp_path, key, value):
+    with pytest.raises(ConfigError) as e:
+        conf(tmp_path, brokerRole="SYNC_MASTER", **{key: value})
+    assert key in str(e.value)
+
+
+def test_lease_not_below_the_controller_timeout_is_reported_once(tmp_path, caplog):
+    h = build(conf(tmp_path, brokerRole="SYNC_MASTER", controllerAddr="a:9876", controllerLeaseTimeoutMills="3000"))
+    with caplog.at_level("ERROR", logger="ha.ha_log"):
+        h._check_lease_against(3000)
+        h._check_lease_against(3000)
+    assert sum("controllerLeaseTimeoutMills=3000" in r.getMessage() for r in caplog.records) == 1
+    ok = build(conf(tmp_path, brokerRole="SYNC_MASTER", controllerAddr="a:9876"))
+    with caplog.at_level("ERROR", logger="ha.ha_log"):
+        ok._check_lease_against(3000)
+    assert sum("controllerLeaseTimeoutMills=2000" in r.getMessage() for r in caplog.records) == 0

@@ -8,6 +8,7 @@ the inputs the slow paths rejected or produced, and must reject or produce the s
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -148,3 +149,243 @@ def test_framing_only_scan_still_refuses_bad_framing(tmp_path):
     with pytest.raises(CorruptRecord):
         cl.scan(0, 1 << 20, verify=False)
     assert len(cl.scan(0, 1, verify=False).records) == 1            # the good record before it
+
+
+# --- batched produce: cached-suffix drafts, packed results --------------------------------------------
+# The batched send seals a message whose only property is its tag from a cached record suffix
+# (MessageDraft.sealed_plain, Broker._drafts) and renders results from (phys, size, qoff)
+# tuples (LocalLog.append_packed, Broker.send_rows). They must give the very drafts, bytes,
+# errors and results the per-message path gives.
+from node.broker import Broker, OutgoingMessage, TopicConfig   # noqa: E402
+from node.config import BrokerConfig   # noqa: E402
+from node.store import message as M   # noqa: E402
+from node.store.errors import MessageTooLarge   # noqa: E402
+
+
+@pytest.mark.parametrize("topic, tags", [("T", None), ("T", ""), ("Topic_1", "TagA"), ("%RETRY%g", "héllo wörld"),
+                                         ("T", "x" * 300)])
+def test_sealed_plain_equals_seal(topic, tags):
+    for body in (b"a", os.urandom(1024)):
+        slow = MessageDraft(topic, 3, body, {"TAGS": tags} if tags else {}, born_timestamp=77).seal()
+        fast = MessageDraft.sealed_plain(topic, 3, body, tags or None, 77)
+        assert fast == slow
+        assert encode_record(fast, 9, 4096, 5, IP, PORT) == encode_record(slow, 9, 4096, 5, IP, PORT)
+
+
+@pytest.mark.parametrize("topic, tags, words", [("bad topic", "A", "characters"), ("", None, "non-empty"), (["x"], None, "non-empty"),
+                                                ("T", "a\x01b", "reserved separator"),
+                                                ("T", "y" * (L.MAX_PROPERTIES_BYTES + 1), "limit")])
+def test_sealed_plain_refuses_what_seal_refuses(topic, tags, words):
+    with pytest.raises(InvalidMessage) as slow:
+        MessageDraft(topic, 0, b"b", {"TAGS": tags} if tags else {}).seal()
+    for _ in range(2):                       # a refusal is never cached
+        with pytest.raises(InvalidMessage) as fast:
+            MessageDraft.sealed_plain(topic, 0, b"b", tags, 1)
+        assert str(fast.value) == str(slow.value) and words in str(fast.value)
+
+
+def test_plain_suffix_cache_is_bounded():
+    for i in range(M._PLAIN_SUFFIXES_MAX + 10):
+        MessageDraft.sealed_plain("T", 0, b"b", f"tag{i}", 1)
+        assert len(M._PLAIN_SUFFIXES) <= M._PLAIN_SUFFIXES_MAX
+    MessageDraft.sealed_plain("T", 0, b"b", "z" * (M._PLAIN_SUFFIX_CACHED_TAG_CHARS + 1), 1)
+    assert ("T", "z" * (M._PLAIN_SUFFIX_CACHED_TAG_CHARS + 1)) not in M._PLAIN_SUFFIXES
+
+
+class _NoLog:
+    mode = "standalone"
+
+
+def _bare_broker(**config) -> Broker:
+    return Broker(BrokerConfig(**config), _NoLog(), None, None, None, None, None, clock_ms=lambda: 1_700_000_000_123)
+
+
+def test_batched_drafts_equal_per_message_drafts():
+    b = _bare_broker()
+    cfg = TopicConfig("T", 4, 4)
+    msgs = [OutgoingMessage(b"a"), OutgoingMessage(b"b", tags="A"), OutgoingMessage(b"c", tags="", queue_id=3),
+            OutgoingMessage(b"d", queue_id=0, born_timestamp=5), OutgoingMessage(b"e", keys=["k1"]),
+            OutgoingMessage(b"f", tags="A", properties={"p": "v", "UNIQ_KEY": "U1"}),
+            OutgoingMessage(b"g", properties={"DELAY": "2"}), OutgoingMessage(os.urandom(1024), tags="bench")]
+    fast, body_bytes = b._drafts(cfg, msgs, 1, 1_700_000_000_000)
+    slow = [b._draft(cfg, m, i, 1, 1_700_000_000_000) for i, m in enumerate(msgs)]
+    assert fast == slow
+    assert body_bytes == sum(len(m.body) for m in msgs)
+    assert [d.queue_id for d in fast[:4]] == [1, 1, 3, 0] and fast[3].born_timestamp == 5
+
+
+@pytest.mark.parametrize("m, error", [
+    (OutgoingMessage(b"x", queue_id=4), BadRequest),            # topic has 4 write queues
+    (OutgoingMessage(b"x", queue_id=-1), BadRequest),
+    (OutgoingMessage(b"x", queue_id=True), BadRequest),         # bool is not a queue id
+    (OutgoingMessage(b"x" * 65, tags="A"), MessageTooLarge),
+    (OutgoingMessage(b"x", tags="a\x02b"), BadRequest),
+])
+def test_batched_drafts_refuse_with_the_per_message_words(m, error):
+    b = _bare_broker(max_message_size=64)
+    cfg = TopicConfig("T", 4, 4)
+    with pytest.raises(error) as slow:
+        b._draft(cfg, m, 1, 0, 1)
+    with pytest.raises(error) as fast:
+        b._drafts(cfg, [OutgoingMessage(b"ok"), m], 0, 1)
+    assert str(fast.value) == str(slow.value) and "messages[1]" in str(fast.value)
+
+
+def test_send_rows_are_the_send_results():
+    b = _bare_broker(broker_ip1="10.0.0.7", listen_port=10911)
+    drafts = [MessageDraft.sealed_plain("T", 1, b"a", None, 1),
+              MessageDraft("T", 2, b"b", {"UNIQ_KEY": "C0FFEE"}).seal(),
+              MessageDraft("SCHEDULE_TOPIC_XXXX", 1, b"c", {"REAL_TOPIC": "T", "REAL_QID": "3"}).seal()]
+    placed = [(0, 100, 7), ((1 << 40) + 5, 100, 8), (123456789, 100, 0)]
+    rows = b._send_rows(drafts, ["SEND_OK"] * 3, placed)
+    ids = [M.encode_offset_msg_id(M.host_bytes("10.0.0.7"), 10911, p) for p, _, _ in placed]
+    assert rows == [("SEND_OK", ids[0], ids[0], 1, 7), ("SEND_OK", "C0FFEE", ids[1], 2, 8),
+                    ("SEND_OK", ids[2], ids[2], 3, 0)]
+
+
+# --- the whole batched path over a real LocalLog and Dispatcher ---------------------------------------
+from node.config import from_properties   # noqa: E402
+from node.server import build_broker   # noqa: E402
+from node.store.dispatcher import SCHEDULE_TOPIC   # noqa: E402
+
+
+def _store_broker(root: str, flush: str = "ASYNC_FLUSH") -> Broker:
+    cfg, _ = from_properties({"storePathRootDir": root, "flushDiskType": flush, "brokerIP1": "10.0.0.7",
+                              "mappedFileSizeCommitLog": str(1 << 20), "maxMessageSize": "65536", "maxHashSlotNum": "1000",
+                              "maxIndexNum": "4000", "autoCreateTopicEnable": "false"})
+    return build_broker(cfg, FileSystem())
+
+
+async def _settled(b: Broker) -> None:
+    for _ in range(500):
+        if b.dispatcher.position >= b.log.committed_position:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("dispatcher did not catch up")
+
+
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_batched_send_over_local_log_reads_back_what_was_sent(tmp_path, flush):
+    async def go():
+        b = _store_broker(str(tmp_path), flush)
+        await b.start()
+        try:
+            await b.create_topic("T", 2)
+            msgs = [OutgoingMessage(f"m{i}".encode() * 30, tags="A" if i % 3 else "B", queue_id=i % 2)
+                    for i in range(300)]
+            msgs[5] = OutgoingMessage(b"keyed", tags="A", keys=["order-5"], queue_id=1)
+            rows = await b.send_rows("T", msgs)
+            assert b.log.append_packed is not None and len(rows) == 300
+            await _settled(b)
+            for m, (status, msg_id, offset_id, qid, qoff) in zip(msgs, rows):
+                assert status == "SEND_OK" and msg_id == offset_id and qid == m.queue_id
+                got = b.query_by_id(offset_id)
+                assert (got.body, got.tags, got.queue_id, got.queue_offset) == (m.body, m.tags, qid, qoff)
+            # tag filtering in pulls runs on the codes the dispatcher wrote (cached per properties)
+            pulled, offset = [], 0
+            for _ in range(300):          # bounded: each pull moves the offset forward
+                r = await b.pull("T", 0, offset, 32, tags="B")
+                pulled += [m.body for m in r.messages]
+                if r.next_offset == r.max_offset:
+                    break
+                offset = r.next_offset
+            assert pulled == [m.body for m in msgs if m.queue_id == 0 and m.tags == "B"]
+            assert [m.body for m in b.query_by_key("T", "order-5")] == [b"keyed"]
+        finally:
+            await b.stop()
+    asyncio.run(go())
+
+
+def test_dispatch_codes_of_delayed_messages_follow_each_store_time(tmp_path):
+    """Regression guard for the properties cache: a schedule-topic unit carries store time +
+    delay, so two records with identical properties but different store times differ."""
+    async def go():
+        b = _store_broker(str(tmp_path))
+        await b.start()
+        try:
+            await b.create_topic("T", 1)
+            await b.send_rows("T", [OutgoingMessage(b"d1", properties={"DELAY": "1"})])
+            await asyncio.sleep(0.02)
+            await b.send_rows("T", [OutgoingMessage(b"d2", properties={"DELAY": "1"})])
+            await _settled(b)
+            units = b.cq_store.get(SCHEDULE_TOPIC, 0).get_range(0, 10)
+            stored = [b._read_unit(phys, size) for phys, size, _ in units]
+            assert [m.body for m in stored] == [b"d1", b"d2"]
+            assert [code for _, _, code in units] == [m.store_timestamp + 1000 for m in stored]
+            assert stored[0].store_timestamp != stored[1].store_timestamp
+        finally:
+            await b.stop()
+    asyncio.run(go())
+
+
+def test_dispatch_properties_cache_is_bounded(tmp_path):
+    from node.store import dispatcher as D
+    async def go():
+        b = _store_broker(str(tmp_path))
+        await b.start()
+        try:
+            await b.create_topic("T", 1)
+            for i in range(0, 40, 20):
+                await b.send_rows("T", [OutgoingMessage(b"x", tags=f"t{i + k}") for k in range(20)])
+            await _settled(b)
+            assert 0 < len(b.dispatcher._props) <= D.MAX_CACHED_NAMES
+            keyed = await b.send_rows("T", [OutgoingMessage(b"k", keys=[f"key{i}"]) for i in range(10)])
+            await _settled(b)
+            assert len(b.dispatcher._props) <= 40     # keyed properties are not remembered
+            assert [m.body for m in b.query_by_key("T", "key3")] == [b"k"] and len(keyed) == 10
+        finally:
+            await b.stop()
+    asyncio.run(go())
+
+
+def test_commitlog_spans_name_the_records_scan_copies(tmp_path):
+    cl = _log_with(tmp_path, 25)
+    pos = 0
+    while pos < cl.max_offset:
+        spans, nxt = cl.scan_spans(pos, 3000, verify=False)
+        batch = cl.scan(pos, 3000, verify=False)
+        assert nxt == batch.next_position
+        assert [(phys, buf[at:at + size]) for buf, at, phys, size in spans] == \
+               [(r.physical_offset, r.data) for r in batch.records]
+        pos = nxt
+
+
+# --- DLedger queue-offset replay -------------------------------------------------------------------------
+def test_fold_records_equals_folding_one_by_one():
+    from dledger.dledger_log import _fold_record, _fold_records
+    rng = __import__("random").Random(7)
+    bodies = []
+    for i in range(400):
+        d = MessageDraft(rng.choice(["T", "U", "%RETRY%g"]), rng.randrange(4), b"b" * rng.randrange(1, 50),
+                         {"TAGS": "x"}, sys_flag=rng.choice([0, 0, 0, L.SYSFLAG_TRANSACTION_PREPARED_TYPE])).seal()
+        qoff = -1 if not d.is_dispatched else rng.randrange(1000)
+        bodies.append(encode_record(d, qoff, 100 * i, 1, IP, PORT))
+    start = {("T", 0): 500, ("U", 3): 2000}
+    one, batch = QueueOffsetTable(start), QueueOffsetTable(start)
+    for body in bodies:
+        _fold_record(one, body)
+    _fold_records(batch, bodies)
+    assert one.snapshot() == batch.snapshot()
+    assert batch.get("U", 3) == 2000     # folding never lowers an offset
+
+
+# --- batched request parsing ------------------------------------------------------------------------------
+def test_parse_messages_equals_parse_message_item_by_item():
+    from node.api import parse_messages
+    items = [{"body": b"a"}, {"body": "héllo", "tags": "A"}, {"body": b"b", "tags": "", "queue_id": 3},
+             {"body": b"c", "born_timestamp": 9}, {"body": b"d", "tags": None, "queue_id": None},
+             {"body": "k", "keys": "k1 k2"}, {"body_b64": "YWI="}, {"body": b"p", "properties": {"x": "y"}}]
+    assert parse_messages(items) == [parse_message(item, i) for i, item in enumerate(items)]
+
+
+@pytest.mark.parametrize("item, words", [
+    ({"body": "a", "queue_id": True}, "queue_id"), ({"body": "a", "born_timestamp": -1}, "born_timestamp"),
+    ({"body": "a", "born_timestamp": False}, "born_timestamp"), ({"body": b""}, "empty"),
+    ({"body": 5}, "body must be"), ({"body": "a", "tags": "x||y"}, "tags"), ({"body": "a", "tags": 1}, "tags"),
+    ({"body": "a", "queue_id": 1.0}, "queue_id"), ([1], "must be an object"), ({}, "exactly one"),
+])
+def test_parse_messages_refuses_what_parse_message_refuses(item, words):
+    from node.api import parse_messages
+    with pytest.raises(BadRequest) as e:
+        parse_messages([{"body": b"ok"}, item])
+    assert "messages[1]" in str(e.value) and words in str(e.value)

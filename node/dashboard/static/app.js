@@ -7,18 +7,78 @@ const FETCH_TIMEOUT_MS = 3000;
 const MAX_TOPICS = 50;
 const MAX_GROUPS = 50;
 
+// --- access keys (aclEnable=true) -------------------------------------------------------------
+// Kept in sessionStorage only: they go when the tab closes and are never sent, only used to sign.
+const AK_KEY = "mqstore.accessKey";
+const SK_KEY = "mqstore.secretKey";
+
+function storedKeys() {
+  const ak = sessionStorage.getItem(AK_KEY), sk = sessionStorage.getItem(SK_KEY);
+  return ak && sk ? { ak, sk } : null;
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(`${status} ${code}: ${message}`);
+    this.status = status;
+    this.code = code;
+  }
+}
+
 async function getJSON(path) {
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
   try {
-    const r = await fetch(path, { headers: { Accept: "application/json" }, signal: ctl.signal });
+    const headers = { Accept: "application/json" };
+    const keys = storedKeys();
+    if (keys) Object.assign(headers, await MQSign.headers(keys.ak, keys.sk, "GET", path, null));
+    const r = await fetch(path, { headers, signal: ctl.signal });
     const doc = await r.json();
-    if (!r.ok) throw new Error(`${doc.error || r.status}: ${doc.message || ""}`);
+    if (!r.ok) {
+      const err = new ApiError(r.status, doc.error || "HTTP", doc.message || "");
+      err.keys = keys;   // which keys (if any) signed the refused request
+      throw err;
+    }
     return doc;
   } finally {
     clearTimeout(timer);
   }
 }
+
+function showAuth(text, cls) {
+  const s = document.getElementById("auth-state");
+  s.textContent = text;
+  s.className = cls || "";
+}
+
+function authIdle() {
+  const keys = storedKeys();
+  showAuth(keys ? `signed in as ${keys.ak}` : "");
+  document.getElementById("signout").hidden = !keys;
+  document.getElementById("signin").hidden = !keys;   // shown once a 401 asked for keys
+}
+
+document.getElementById("signin").addEventListener("submit", ev => {
+  ev.preventDefault();
+  const ak = document.getElementById("access-key").value.trim();
+  const sk = document.getElementById("secret-key").value;
+  if (!ak || !sk) {
+    showAuth("enter both the access key and the secret key", "error");
+    return;
+  }
+  sessionStorage.setItem(AK_KEY, ak);
+  sessionStorage.setItem(SK_KEY, sk);
+  document.getElementById("secret-key").value = "";
+  showAuth(`checking keys of ${ak}…`);
+  document.getElementById("signout").hidden = false;
+});
+
+document.getElementById("signout").addEventListener("click", () => {
+  sessionStorage.removeItem(AK_KEY);
+  sessionStorage.removeItem(SK_KEY);
+  document.getElementById("signout").hidden = true;
+  showAuth("signed out");
+});
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -72,11 +132,16 @@ function renderNodes(doc) {
 function renderControllerGroups(health, doc) {
   const table = document.getElementById("nodes");
   table.tHead.replaceChildren(headRow(["Group", "Mode", "Master id", "Master addr", "Master epoch",
-    "SyncStateSet", "Brokers"]));
-  setRows(table.tBodies[0], doc.groups.map(g => row([g.broker_name, g.mode, g.master_id, g.master_addr,
-    g.master_epoch, (g.sync_state_set || []).join(","), JSON.stringify(g.broker_addrs)])));
+    "SyncStateSet", "SSS epoch", "Online", "Brokers"]));
+  setRows(table.tBodies[0], doc.groups.map(g => row([g.broker_name, g.mode,
+    g.master_id === null || g.master_id === undefined ? "none" : g.master_id, g.master_addr || "",
+    g.master_epoch, (g.sync_state_set || []).join(","), g.sss_epoch, (g.online || []).join(","),
+    Object.entries(g.broker_addrs || {}).map(([id, addr]) => `${id}=${addr}`).join(" ")],
+    g.master_id === null || g.master_id === undefined ? "down" : "")));
   document.getElementById("leader").textContent = health.leader || "none";
-  document.getElementById("term").textContent = (health.raft && health.raft.term) || "-";
+  const raft = health.raft || {};
+  document.getElementById("term").textContent = raft.raft_term === null || raft.raft_term === undefined
+    ? "-" : raft.raft_term;
 }
 
 // --- topics and groups ---------------------------------------------------------------------
@@ -84,7 +149,14 @@ async function renderTopics() {
   const doc = await getJSON("/topics");
   const rows = [];
   for (const t of doc.topics.slice(0, MAX_TOPICS)) {
-    const st = await getJSON(`/topics/${encodeURIComponent(t.topic)}`);
+    let st;
+    try {
+      st = await getJSON(`/topics/${encodeURIComponent(t.topic)}`);
+    } catch (e) {
+      if (e.status !== 403) throw e;
+      rows.push(row([t.topic, "", "", "", e.message], "denied"));   // this account lacks PUB/SUB on it
+      continue;
+    }
     for (const q of st.queues) {
       rows.push(row([t.topic, q.queue_id, q.min_offset, q.max_offset, fmtTime(q.last_updated)]));
     }
@@ -96,7 +168,14 @@ async function renderGroups() {
   const doc = await getJSON("/groups");
   const rows = [];
   for (const g of doc.groups.slice(0, MAX_GROUPS)) {
-    const p = await getJSON(`/groups/${encodeURIComponent(g)}/progress`);
+    let p;
+    try {
+      p = await getJSON(`/groups/${encodeURIComponent(g)}/progress`);
+    } catch (e) {
+      if (e.status !== 403) throw e;
+      rows.push(row([g, "", "", "", "", e.message], "denied"));
+      continue;
+    }
     for (const q of p.queues) {
       rows.push(row([g, q.topic, q.queue_id, q.broker_offset, q.consumer_offset, q.diff]));
     }
@@ -161,9 +240,25 @@ async function poll() {
     await renderReports();
     served.className = "";
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    authIdle();
   } catch (e) {
-    served.className = "error";
-    served.textContent = `cannot read this node: ${e.message || e}`;
+    if (e.status === 401) {
+      // aclEnable=true: the page itself is open, its data needs a signature.
+      served.className = "";
+      const now = storedKeys();
+      if (now && !(e.keys && e.keys.ak === now.ak && e.keys.sk === now.sk)) {
+        // keys were entered or changed while this request was out: the next poll uses them
+      } else if (now) {
+        showAuth(`keys refused: ${e.message}`, "error");
+      } else {
+        showAuth("sign in required: this node checks signed requests (aclEnable=true); "
+          + "enter an access key and secret key", "warn");
+      }
+      document.getElementById("signin").hidden = false;
+    } else {
+      served.className = "error";
+      served.textContent = `cannot read this node: ${e.message || e}`;
+    }
   } finally {
     setTimeout(poll, POLL_MS);
   }
