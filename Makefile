@@ -22,8 +22,8 @@ $(STAMP): pyproject.toml
 	  echo "note: the dashboard browser test needs Debian's chromium and chromium-driver (apt-get as root)" >&2
 	touch $(STAMP)
 
-run: install          ## a local cluster on loopback as plain processes
-	$(BIN)/mqstore cluster up --dir $(RUN_DIR)
+run: install          ## a local cluster on loopback as plain processes (SECURE=1: ACL and peer auth on)
+	$(BIN)/mqstore cluster up --dir $(RUN_DIR) $(if $(SECURE),--secure)
 
 test: install         ## every test tier that needs no Docker engine
 	$(BIN)/python -m pytest -q -m "not docker"
@@ -50,13 +50,11 @@ PROJECT ?= mqstore
 DRILL   ?= kill_leader kill_master
 DRILLS  := $(BIN)/python -m deploy.drills --project $(PROJECT)
 
-image: install        ## node/controller image; offline base via debootstrap (see docs/deploy.md)
+image: install        ## node/controller image from this tree (cached layers); offline base via debootstrap (docs/deploy.md)
 	deploy/ensure-docker.sh
 	PYTHON=$(abspath $(BIN)/python) deploy/build-image.sh $(IMAGE)
 
-up: install           ## the docker-compose cluster: builds the image if missing, waits until healthy
-	deploy/ensure-docker.sh
-	docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
+up: image            ## the docker-compose cluster: (re)builds the image from this tree, waits until healthy
 	MQSTORE_IMAGE=$(IMAGE) $(DRILLS) up
 
 down:                 ## stop the compose cluster (volumes kept; `make clean` removes them)
@@ -75,10 +73,8 @@ DRILL_SECONDS ?= 180
 drill-matrix: install ## every scenario for DRILL_SECONDS of load each; table in reports/drill-matrix.{md,json}
 	$(BIN)/python -m deploy.drills.matrix --project $(PROJECT) --seconds $(DRILL_SECONDS)
 
-test-docker: install  ## docker-marked tests: brings the compose cluster up and runs a drill
-	deploy/ensure-docker.sh
-	docker image inspect $(IMAGE) >/dev/null 2>&1 || $(MAKE) image
-	$(BIN)/python -m pytest -q -m docker tests/docker
+test-docker: image    ## docker-marked tests: their own compose project, every drill in a short form
+	MQSTORE_IMAGE=$(IMAGE) $(BIN)/python -m pytest -q -m docker tests/docker
 
 clean:
 	rm -rf $(RUN_DIR)

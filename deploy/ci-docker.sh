@@ -1,5 +1,5 @@
 #!/bin/sh
-# The docker tier for CI (not switched on in .ci/run yet): Docker engine, image, docker-marked tests.
+# The docker tier of CI (.ci/run runs it after `make test`): Docker engine, image, docker-marked tests.
 #
 #   deploy/ci-docker.sh            from the repository root, as root on Debian/Ubuntu
 #
@@ -16,5 +16,5 @@ t0=$(date +%s)
 step() { name=$1; shift; s=$(date +%s); echo "== ci-docker: $name"; "$@"; echo "== ci-docker: $name took $(( $(date +%s) - s )) s"; }
 step "docker engine" deploy/ensure-docker.sh
 step "image" make image
-step "docker tests" make test-docker
+step "docker tests" make test-docker      # image again: every layer cached, a few seconds
 echo "== ci-docker: total $(( $(date +%s) - t0 )) s"

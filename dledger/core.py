@@ -33,6 +33,7 @@ import enum
 import random
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Callable, Sequence
 
 from dledger.messages import (
@@ -53,6 +54,7 @@ from dledger.messages import (
     Truncate,
     TruncateResponse,
     VoteResponse,
+    append_of_checked_entries,
 )
 from dledger.quorum import VoteResult, commit_index, majority, vote_result
 from dledger.raft_storage import Compacted, RaftLog, RaftStorage
@@ -246,25 +248,26 @@ _TRANSITIONS: dict[tuple[PeerState, PeerEvent], PeerState] = {
 # the leader's hot path): _new_entries validates what differs per entry (the body) and,
 # through one full Entry(), what the whole batch shares (index, term, type).
 _NEW = object.__new__
+_consume = deque      # _consume(iterator, 0) runs it to the end, keeping nothing
 _SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY = (Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body"))
 
 
 def _new_entries(first: int, term: int, type: EntryType, bodies: Sequence[bytes]) -> list[Entry]:
     """[Entry(first, term, type, b0), Entry(first + 1, term, type, b1), ...], the same
     objects and the same InvalidMessage on a bad field as building each with Entry()."""
-    entries = [Entry(first, term, type, bodies[0])]
-    add, new, cls = entries.append, _NEW, Entry
-    index = first
-    for body in bodies[1:]:
-        index += 1
-        if not isinstance(body, bytes):
-            Entry(index, term, type, body)          # raises InvalidMessage, with the words
-        e = new(cls)
-        _SET_INDEX(e, index)
-        _SET_TERM(e, term)
-        _SET_TYPE(e, type)
-        _SET_BODY(e, body)
-        add(e)
+    head = Entry(first, term, type, bodies[0])
+    rest = bodies[1:]
+    if not all(map(isinstance, rest, repeat(bytes))):
+        for k, body in enumerate(rest):
+            Entry(first + 1 + k, term, type, body)      # raises InvalidMessage, with the words
+    # Objects made and slots filled column by column at C speed (no per-entry Python call).
+    n = len(rest)
+    entries = list(map(_NEW, repeat(Entry, n)))
+    _consume(map(_SET_INDEX, entries, range(first + 1, first + 1 + n)), 0)
+    _consume(map(_SET_TERM, entries, repeat(term, n)), 0)
+    _consume(map(_SET_TYPE, entries, repeat(type, n)), 0)
+    _consume(map(_SET_BODY, entries, rest), 0)
+    entries.insert(0, head)
     return entries
 
 
@@ -844,14 +847,9 @@ class RaftCore:
             hi = min(self._log.last_index() + 1, progress.next + self._cfg.max_batch_entries)
             batch = self._log.entries(progress.next, hi, self._cfg.max_batch_bytes)
             prev = progress.next - 1
-            push = Append(
-                term=self._term,
-                leader_id=self._id,
-                prev_index=prev,
-                prev_term=self._term_known(prev),
-                entries=tuple(batch),
-                commit_index=self._commit,
-            )
+            # Our own log: contiguous, terms between prev's and ours; no per-entry re-check.
+            push = append_of_checked_entries(self._term, self._id, prev, self._term_known(prev), tuple(batch),
+                                             self._commit)
             self._send(peer, push)
             progress.inflight.append((push.last_index, self._now))
             progress.next = push.last_index + 1

@@ -55,6 +55,7 @@ _STARTUP_REPAIR_WAIT_S = 5.0     # start() waits this long for peers to repair w
 _MSG_QID_AT = L.MESSAGE_FIELD_OFFSET["queue_id"]
 _MSG_QOFF_AT = L.MESSAGE_FIELD_OFFSET["queue_offset"]
 _MSG_BODYLEN_AT = L.MESSAGE_FIELD_OFFSET["body_len"]
+_QUEUE_FIELDS = L.MESSAGE_QUEUE_FIELDS      # queue_id, queue_offset, sys_flag, body_len from _MSG_QID_AT
 
 
 class ReplicationBusy(StoreError):
@@ -279,9 +280,10 @@ class DLedgerLog:
                 i = max(i, skip.pop(0) + 1)
                 continue
             stop = min(hi + 1, skip[0]) if skip else hi + 1
-            batch = self.store.entries(i, stop, _REPLAY_BATCH_BYTES)
-            _fold_records(table, [e.body for e in batch
-                                  if e.type is EntryType.NORMAL and len(e.body) >= L.MESSAGE_OVERHEAD])
+            # Recent entries straight from the store's cache (no byte budget to count: they are
+            # in memory already), older ones read from disk in bounded batches.
+            batch = self.store.cached_entries(i, stop) or self.store.entries(i, stop, _REPLAY_BATCH_BYTES)
+            _fold_entries(table, batch)
             i += len(batch)
 
     def _end_of(self, index: int) -> int:
@@ -430,6 +432,12 @@ class DLedgerLog:
         self._scan_floor = max(self._scan_floor, position)
         limit = self.committed_position
         pos = max(position, self.store.start_pos)
+        if not self.corruption:
+            # Recent entries straight from the store's cache: the very bytes written, no read
+            # and no header walk (the dispatcher checks every record's own header).
+            cached = self.store.cached_spans(pos, limit, max_bytes)
+            if cached is not None and cached[1] > pos:
+                return cached
         records: list[tuple[bytes, int, int, int]] = []
         used = 0
         data = self.store.data
@@ -534,22 +542,46 @@ class DLedgerLog:
         return st
 
 
-def _fold_records(table: QueueOffsetTable, bodies: Sequence[bytes]) -> None:
-    """`_fold_record` over a batch (every committed entry passes here): one header unpack per
-    record, the highest queue offset per queue kept locally, the table touched once per queue.
-    The same result: folding takes a maximum, so the order does not matter."""
-    unpack = L.MESSAGE_HEADER.unpack_from
-    body_at = L.MESSAGE_HEADER.size
+def _fold_entries(table: QueueOffsetTable, entries: Sequence) -> None:
+    """`_fold_record` over the NORMAL entries of a batch (every committed entry passes here):
+    one narrow unpack (queue id, queue offset, body length) per record, the highest queue
+    offset per queue kept locally, the table touched once per queue. The same result:
+    folding takes a maximum, so the order does not matter."""
+    unpack = _QUEUE_FIELDS.unpack_from
+    normal, overhead, topic_at = EntryType.NORMAL, L.MESSAGE_OVERHEAD, L.MESSAGE_HEADER.size
     top: dict[tuple[bytes, int], int] = {}
-    for body in bodies:
-        h = unpack(body, 0)
-        qoff = h[5]
+    get = top.get
+    for e in entries:
+        body = e.body
+        if e.type is not normal or len(body) < overhead:
+            continue
+        qid, qoff, _sys_flag, body_len = unpack(body, _MSG_QID_AT)
         if qoff < 0:
             continue  # prepared / rolled-back transaction message: takes no queue offset
-        at = body_at + h[16]
-        key = (body[at + 1:at + 1 + body[at]], h[3])
+        at = topic_at + body_len
+        key = (body[at + 1:at + 1 + body[at]], qid)
+        if qoff > get(key, -1):
+            top[key] = qoff
+    _fold_top(table, top)
+
+
+def _fold_records(table: QueueOffsetTable, bodies: Sequence[bytes]) -> None:
+    """`_fold_record` over a batch of record bodies (see `_fold_entries`)."""
+    unpack = _QUEUE_FIELDS.unpack_from
+    topic_at = L.MESSAGE_HEADER.size
+    top: dict[tuple[bytes, int], int] = {}
+    for body in bodies:
+        qid, qoff, _sys_flag, body_len = unpack(body, _MSG_QID_AT)
+        if qoff < 0:
+            continue  # prepared / rolled-back transaction message: takes no queue offset
+        at = topic_at + body_len
+        key = (body[at + 1:at + 1 + body[at]], qid)
         if qoff > top.get(key, -1):
             top[key] = qoff
+    _fold_top(table, top)
+
+
+def _fold_top(table: QueueOffsetTable, top: dict[tuple[bytes, int], int]) -> None:
     for (topic_b, qid), qoff in top.items():
         topic = topic_b.decode("ascii", "replace")
         if qoff + 1 > table.get(topic, qid):

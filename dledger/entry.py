@@ -36,6 +36,7 @@ _PACK_HEADER = L.ENTRY_HEADER.pack
 _CHAIN_COVER = struct.Struct(L.ENTRY_HEADER.format[:7] + "I")
 _PACK_CHAIN_COVER = _CHAIN_COVER.pack
 assert _CHAIN_COVER.size == _CHAIN_SPAN + 4
+PACK_HEADER, PACK_CHAIN_COVER = _PACK_HEADER, _PACK_CHAIN_COVER   # for EntryStore.append's inline encode
 assert L.ENTRY_FIELD_OFFSET["chain_crc"] == _CHAIN_SPAN
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -39,6 +40,7 @@ from dledger.messages import Entry, EntryType, HardState
 from dledger.raft_storage import Compacted
 from dledger.repair import damaged_body
 from node.store import layout as L
+from node.store.crc import crc32 as _crc32
 from node.store.errors import CorruptRecord, StoreError, StoreFatal
 from node.store.fileio import FileSystem
 from node.store.segment import SegmentedFile
@@ -54,6 +56,9 @@ _SCAN_CHUNK = 8 << 20            # bytes read per recovery step
 _CACHE_MAX_BYTES = 64 << 20      # recent entries kept in memory for the leader's pushes
 _INDEX_VERIFY_BATCH = 8192       # entries compared against the index file at a time
 _TYPES = {int(t): t for t in EntryType}
+_BODY = operator.attrgetter("body")
+# magic and PHYSICALOFFSET of a commitlog record body, in one unpack (the append-time check)
+_RECORD_CHECK = L.view(L.MESSAGE_FIELD_OFFSET, {"magic": "I", "physical_offset": "q"}, ("magic", "physical_offset"))
 
 
 class EntryTooLarge(StoreError):
@@ -202,6 +207,50 @@ class EntryStore:
             return _within_budget(self._cache[lo - cache_first:hi - cache_first], max_bytes)
         return self._read_entries(lo, hi, max_bytes)
 
+    def cached_entries(self, lo: int, hi: int) -> list[Entry]:
+        """Entries lo..hi-1 if all of them are in the in-memory cache (no byte budget), else []."""
+        cache = self._cache
+        if not cache or hi > self._last_index + 1 or lo >= hi:
+            return []
+        first = cache[0].index
+        return cache[lo - first:hi - first] if lo >= first else []
+
+    def cached_spans(self, pos: int, limit: int, max_bytes: int) -> tuple[list[tuple[bytes, int, int, int]], int] | None:
+        """DLedgerLog.scan_spans from the in-memory cache: `(body, 0, pos + 48, len(body))` per
+        NORMAL entry from the one at `pos` (or, when `pos` is a file's blank tail, from the
+        first entry of the next file) while entries end at or below `limit`, about
+        `max_bytes` of them, and the position to continue from. None when `pos` is not in the
+        cache (the caller reads the files)."""
+        cpos = self._cache_pos
+        if not cpos or pos < cpos[0]:
+            return None
+        i = bisect.bisect_left(cpos, pos)
+        if i == len(cpos):
+            return None
+        if cpos[i] != pos:
+            # Between two cached entries only a blank can lie: it fills `pos`'s file to its end.
+            seg = self.segment_size
+            prev = self._cache[i - 1]
+            if cpos[i - 1] + HEADER + len(prev.body) != pos or cpos[i] != (pos // seg + 1) * seg:
+                return None
+        cache, normal = self._cache, EntryType.NORMAL
+        records: list[tuple[bytes, int, int, int]] = []
+        add = records.append
+        used, n, end = 0, len(cpos), pos
+        while i < n and used < max_bytes:
+            e = cache[i]
+            at = cpos[i]
+            body = e.body
+            size = HEADER + len(body)
+            if at + size > limit:
+                break
+            if e.type is normal:
+                add((body, 0, at + HEADER, size - HEADER))
+            used += size
+            end = at + size
+            i += 1
+        return records, end
+
     # --- geometry used by DLedgerLog -------------------------------------------------
     @property
     def end_pos(self) -> int:
@@ -272,33 +321,39 @@ class EntryStore:
             self._derive_base_pos(entries)
         seg_start, chunks, idx_parts, positions = self._end_pos, [], [], []
         end, chain, last_term = self._end_pos, self._last_chain, self._last_term
-        seg_size, normal = self.segment_size, EntryType.NORMAL
-        encode, pack_index = E.encode_header, L.ENTRY_INDEX.pack
-        unpack_record, record_head, record_magic = L.MESSAGE_HEADER.unpack_from, L.MESSAGE_HEADER.size, L.MESSAGE_MAGIC
+        seg_size, normal, blank_size = self.segment_size, EntryType.NORMAL, E.BLANK_SIZE
+        # encode_header inline (the same bytes): body CRC, chain CRC over header[0:36] + body_crc,
+        # the header; then the index record.
+        crc32, pack_cover, pack_header, pack_index = _crc32, E.PACK_CHAIN_COVER, E.PACK_HEADER, L.ENTRY_INDEX.pack
+        add_chunk, add_idx, add_pos = chunks.append, idx_parts.append, positions.append
+        record_fields, record_head, record_magic = _RECORD_CHECK.unpack_from, L.MESSAGE_HEADER.size, L.MESSAGE_MAGIC
         seg_left = seg_size - end % seg_size
         cache_bytes = 0
         for e in entries:
-            term, body = e.term, e.body
-            assert term >= last_term, (e.index, term, last_term)
-            size = HEADER + len(body)
-            if size + E.BLANK_SIZE <= seg_left:
+            term, body, etype, index = e.term, e.body, e.type, e.index
+            assert term >= last_term, (index, term, last_term)
+            n = len(body)
+            size = HEADER + n
+            if size + blank_size <= seg_left:
                 pos = end
             else:  # roll: fill this file with a blank
                 pos = place_entry(end, size, seg_size)
                 chunks.append(E.encode_blank(pos - end) + bytes(pos - end - E.BLANK_SIZE))
                 self._write_data(seg_start, chunks)
                 seg_start, chunks, seg_left = pos, [], seg_size
-            if e.type is normal and size - HEADER >= record_head:   # _check_record_offset, inline
-                rec = unpack_record(body, 0)
-                if rec[1] == record_magic and rec[6] != pos + HEADER:
+                add_chunk = chunks.append
+            if etype is normal and n >= record_head:   # _check_record_offset, inline
+                magic, phys = record_fields(body, 0)
+                if magic == record_magic and phys != pos + HEADER:
                     _check_record_offset(e, pos)   # raises, with the words
-            header, chain = encode(e.index, term, pos, e.type, body, chain)
-            chunks.append(header)
-            chunks.append(body)
-            idx_parts.append(pack_index(e.type, pos, size, e.index, term))
-            positions.append(pos)
+            body_crc = crc32(body)
+            chain = crc32(pack_cover(etype, size, index, term, pos, 0, body_crc), chain)
+            add_chunk(pack_header(etype, size, index, term, pos, 0, chain, body_crc, n))
+            add_chunk(body)
+            add_idx(pack_index(etype, pos, size, index, term))
+            add_pos(pos)
             if term != last_term or not self._run_terms:
-                self._note_term(e.index, term)
+                self._note_term(index, term)
             end, last_term = pos + size, term
             seg_left -= size
             cache_bytes += size
@@ -781,6 +836,9 @@ class EntryStore:
 
 
 def _within_budget(entries: list[Entry], max_bytes: int) -> list[Entry]:
+    # The common case, all of them fit: summed at C speed, no per-entry Python step.
+    if HEADER * len(entries) + sum(map(len, map(_BODY, entries))) <= max_bytes:
+        return entries
     used = 0
     for n, e in enumerate(entries):
         used += HEADER + len(e.body)

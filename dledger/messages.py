@@ -266,6 +266,29 @@ class Append:
         return self.prev_index + len(self.entries)
 
 
+_APPEND_SETTERS = None
+
+
+def append_of_checked_entries(term: int, leader_id: str, prev_index: int, prev_term: int,
+                              entries: tuple[Entry, ...], commit_index: int) -> Append:
+    """`Append(...)` whose entries the caller has already checked to be contiguous from
+    prev_index + 1 with terms in [prev_term, term] (the leader's own log; the codec, which
+    checks them while it decodes). The scalars are validated as Append() does, through one
+    Append of the first entry; the per-entry loop of __post_init__ is skipped."""
+    global _APPEND_SETTERS
+    if not entries:
+        raise InvalidMessage("entries must be a non-empty tuple (an empty push is a heartbeat)")
+    m = Append(term, leader_id, prev_index, prev_term, entries[:1], commit_index)
+    if len(entries) == 1:
+        return m
+    if _APPEND_SETTERS is None:
+        _APPEND_SETTERS = Append.__dict__["entries"].__set__
+    if type(entries) is not tuple:
+        raise InvalidMessage("entries must be a non-empty tuple (an empty push is a heartbeat)")
+    _APPEND_SETTERS(m, entries)
+    return m
+
+
 @dataclass(frozen=True, slots=True)
 class InstallBase:
     """The follower needs entries the leader no longer retains: restart your log

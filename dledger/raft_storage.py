@@ -17,6 +17,7 @@ what a leader installed (InstallBase).
 
 from __future__ import annotations
 
+import operator
 from typing import Protocol, Sequence, runtime_checkable
 
 from dledger.messages import Entry, HardState
@@ -70,7 +71,13 @@ class RaftStorage(Protocol):
         before max_bytes would be exceeded but always returning at least one."""
 
 
+_BODY = operator.attrgetter("body")
+
+
 def _take_within_budget(entries: Sequence[Entry], max_bytes: int) -> list[Entry]:
+    # The common case, all of them fit: summed at C speed, no per-entry Python call.
+    if _ENTRY_HEADER_BYTES * len(entries) + sum(map(len, map(_BODY, entries))) <= max_bytes:
+        return list(entries)
     taken: list[Entry] = []
     used = 0
     for entry in entries:

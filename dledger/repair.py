@@ -266,7 +266,7 @@ class Repairer:
         self.fetch_timeout_s = fetch_timeout_s
         self.retry_s = retry_s
         self.serve_bytes_per_s = serve_bytes_per_s
-        self.repaired = 0
+        self.repaired = 0               # entries rewritten in place (rocketmq_store_repaired_entries_total)
         self.metrics: collections.Counter = collections.Counter()
         self._wake = asyncio.Event()
         self._next_request_id = 0
@@ -276,6 +276,15 @@ class Repairer:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def pending_entries(self) -> int:
+        """Known corrupt entries waiting for a repair (ranges naming an entry; the others cannot be fetched)."""
+        return sum(1 for r in self.registry.ranges() if r.index is not None)
+
+    @property
+    def failures(self) -> int:
+        """Repair attempts that failed: a peer refused, did not answer in time or sent bytes that do not verify."""
+        return self.metrics["fetch_failed"]
 
     # --- peer messages (RaftNode.side_handler) ---------------------------------------------------
     def on_message(self, sender: str, msg: object) -> None:

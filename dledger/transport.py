@@ -28,13 +28,14 @@ import asyncio
 import collections
 import logging
 import random
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import msgpack
 
 from dledger import codec
-from node import limits, peer_auth
+from node import limits, peer_auth, tls
 from node.store import layout as L
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class Transport:
     async def start(self) -> None:
         host, port = self.listen
         self._server = await asyncio.start_server(self._serve, host, port, limit=1 << 20,
-                                                  ssl=self._security.server_ssl)
+                                                  ssl=tls.count_failures(self._security.server_ssl, "raft"))
         for peer in self._peers.values():
             peer.task = asyncio.create_task(self._sender(peer), name=f"raft-send-{self.self_id}->{peer.peer_id}")
 
@@ -160,16 +161,16 @@ class Transport:
         if peer is None:
             self.metrics["dropped_unknown_peer"] += 1
             return
-        payload = codec.encode(msg)
-        if len(payload) > self.config.max_frame_bytes:
+        framed = codec.encode_frame(msg)
+        if len(framed) - L.FRAME_LEN.size > self.config.max_frame_bytes:
             log.error("raft %s: dropping %s of %d bytes to %s (cap %d)", self.self_id, type(msg).__name__,
-                      len(payload), peer_id, self.config.max_frame_bytes)
+                      len(framed) - L.FRAME_LEN.size, peer_id, self.config.max_frame_bytes)
             self.metrics["dropped_too_large"] += 1
             return
         if len(peer.queue) >= peer.queue_max:
             peer.queue.popleft()
             self.metrics["dropped_queue_full"] += 1
-        peer.queue.append(frame(payload))
+        peer.queue.append(framed)
         peer.wakeup.set()
 
     def is_connected(self, peer_id: str) -> bool:
@@ -205,8 +206,12 @@ class Transport:
     async def _connect(self, peer: _Peer) -> asyncio.StreamWriter:
         timeout = self.config.connect_timeout_ms / 1000
         sec = self._security
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port, ssl=sec.client_ssl),
-                                                timeout)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port,
+                                                                            ssl=sec.client_ssl), timeout)
+        except ssl.SSLError as e:     # the listener's certificate is not trusted, or it refused ours
+            tls.HANDSHAKE_FAILURES.record("raft_dial", e)
+            raise
         if sec.secret is not None:
             try:
                 await peer_auth.connect_peer(reader, writer, sec.secret, "raft", self.self_id,

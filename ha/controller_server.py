@@ -42,7 +42,7 @@ import aiohttp
 import msgpack
 from aiohttp import web
 
-from node import peer_auth
+from node import peer_auth, tls
 from node.broker import MAX_QUEUES_PER_TOPIC, PERM_DEFAULT, check_user_topic
 from node.store.errors import StoreError
 from node import dashboard
@@ -307,7 +307,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def controller_security(args: argparse.Namespace, environ=None):
     """(secret or None, server SSLContext or None) from the command line; ValueError if bad."""
     import os
-    from node import tls
     from node.config import ConfigError
     env = os.environ if environ is None else environ
     secret = peer_auth.load_secret("" if args.cluster_secret_file else env.get("MQSTORE_clusterSecret", ""),
@@ -339,7 +338,8 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     ctl = Controller(sm, opts, api_of_raft, secret)
     runner = web.AppRunner(ctl.app(), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, args.host, args.port, reuse_address=True, ssl_context=ssl_ctx).start()
+    await web.TCPSite(runner, args.host, args.port, reuse_address=True,
+                      ssl_context=tls.count_failures(ssl_ctx, "controller")).start()
     log.info("controller serving API %s:%d, raft %s, peers %s", args.host, args.port, self_raft, peers)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -53,18 +53,6 @@ _H = L.MESSAGE_FIELD_OFFSET
 _TX_SKIPPED = (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
 
 
-def _note_queue_offset(buf: bytes, i: int, highest: dict[tuple[bytes, int], int]) -> None:
-    """The record at `buf[i:]` (complete, header checked) takes its queue offset: remember the
-    next one, keyed by (topic bytes, queue id)."""
-    queue_id, queue_offset, sys_flag, body_len = L.MESSAGE_QUEUE_FIELDS.unpack_from(buf, i + _H["queue_id"])
-    if queue_offset < 0 or sys_flag & L.SYSFLAG_TRANSACTION_MASK in _TX_SKIPPED:
-        return
-    t = i + L.MESSAGE_HEADER.size + body_len
-    key = (buf[t + 1:t + 1 + buf[t]], queue_id)
-    if queue_offset >= highest.get(key, -1):
-        highest[key] = queue_offset + 1
-
-
 @dataclass(frozen=True, slots=True)
 class HALogConfig:
     broker_id: int = 0                      # brokerId; the slave announces it in the HA handshake
@@ -414,19 +402,33 @@ class HALog:
         """Complete records at the start of `buf` (read at `base`): (bytes they span, size of the
         first record that is not complete in `buf` or 0, budget left)."""
         seg_size, n, i = self.segment_size, len(buf), 0
-        while i + L.BLANK.size <= n and budget > 0:
-            total, magic = L.BLANK.unpack_from(buf, i)
-            if magic == L.BLANK_MAGIC:
+        # Names bound once: every record a slave receives passes through this loop.
+        blank_size, unpack_blank, blank_magic, msg_magic, overhead = \
+            L.BLANK.size, L.BLANK.unpack_from, L.BLANK_MAGIC, L.MESSAGE_MAGIC, L.MESSAGE_OVERHEAD
+        unpack_queue, qid_at, topic_at, tx_mask = \
+            L.MESSAGE_QUEUE_FIELDS.unpack_from, _H["queue_id"], L.MESSAGE_HEADER.size, L.SYSFLAG_TRANSACTION_MASK
+        tx_prepared, tx_rollback = _TX_SKIPPED
+        get = highest.get
+        while i + blank_size <= n and budget > 0:
+            total, magic = unpack_blank(buf, i)
+            if magic == blank_magic:
                 if total != seg_size - (base + i) % seg_size:
                     raise CorruptRecord(base + i, f"slave received a blank of {total} bytes that misses the file end")
                 if base + i + total > limit:
                     return i, 0, budget
                 return i + total, 0, budget    # the file ends here; the next read starts the next file
-            if magic != L.MESSAGE_MAGIC or total < L.MESSAGE_OVERHEAD:
+            if magic != msg_magic or total < overhead:
                 raise CorruptRecord(base + i, f"slave received a bad record header (magic {magic:#x}, size {total})")
             if i + total > n:
                 return i, total, budget
-            _note_queue_offset(buf, i, highest)
+            # The record takes its queue offset: remember the next one, keyed by (topic bytes, queue id).
+            queue_id, queue_offset, sys_flag, body_len = unpack_queue(buf, i + qid_at)
+            tx = sys_flag & tx_mask
+            if queue_offset >= 0 and tx != tx_prepared and tx != tx_rollback:
+                t = i + topic_at + body_len
+                key = (buf[t + 1:t + 1 + buf[t]], queue_id)
+                if queue_offset >= get(key, -1):
+                    highest[key] = queue_offset + 1
             budget -= 1
             i += total
         return i, 0, budget

@@ -26,13 +26,14 @@ import itertools
 import json
 import logging
 import socket
+import ssl
 import time
 from typing import Callable, Protocol
 
 from ha.protocol import HAProtocolError, PushDecoder, ReportDecoder, encode_report
 from ha.replication import (CloseLink, ConnState, HAClientCore, HAConnectionCore, HAServiceCore, HATimings,
                             PushVerdict, SendPush)
-from node import limits, peer_auth
+from node import limits, peer_auth, tls
 from node.peer_auth import NO_SECURITY, PeerSecurity
 from node.store import layout as L
 from node.store.errors import StoreError
@@ -145,7 +146,7 @@ class HAService:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._accept, self.host, self.port, reuse_address=True,
-                                                  ssl=self.security.server_ssl)
+                                                  ssl=tls.count_failures(self.security.server_ssl, "ha"))
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("HA service listening on %s:%d", self.host, self.port)
 
@@ -396,8 +397,12 @@ class HAClient:
     async def _session(self) -> None:
         self._session_bytes = 0
         host, port = split_addr(self.master_addr)
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=self.security.client_ssl),
-                                                CONNECT_TIMEOUT_S)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=self.security.client_ssl),
+                                                    CONNECT_TIMEOUT_S)
+        except ssl.SSLError as e:     # the master's certificate is not trusted, or it refused ours
+            tls.HANDSHAKE_FAILURES.record("ha_dial", e)
+            raise
         try:
             if self.security.secret is not None:
                 await peer_auth.connect_peer(reader, writer, self.security.secret, "ha", f"broker-{self.broker_id}")

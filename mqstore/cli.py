@@ -472,7 +472,7 @@ def cmd_cluster(a) -> int:
     except ImportError as e:
         raise CliError(f"`mqstore cluster` is not built yet ({e})") from None
     if a.action == "up":
-        return cluster.up_main(a.dir, a.mode, a.nodes, a.base_port, a.detach)
+        return cluster.up_main(a.dir, a.mode, a.nodes, a.base_port, a.detach, a.secure)
     stopped = cluster.stop(a.dir)
     print(f"stopped {len(stopped)} node process(es)")
     return 0
@@ -521,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--base-port", type=int, default=10911)
     p.add_argument("--detach", action="store_true")
+    p.add_argument("--secure", action="store_true",
+                   help="ACL on with a generated admin key, peers authenticated with a generated cluster "
+                        "secret (both written to --dir and printed)")
     p.set_defaults(fn=cmd_cluster, admin=False)
     for verb, fn, text in (("controller", cmd_controller, "run a controller (`mqstore controller --help`)"),
                            ("pipeline", cmd_pipeline, "PySpark jobs over a store (`mqstore pipeline --help`)")):

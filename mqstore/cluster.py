@@ -5,12 +5,18 @@ file under the cluster directory; `cluster.json` there records the PIDs this
 command started, so `cluster down` ends exactly those.
 
 Modes: `dledger` (default: one Raft group of 3 nodes), `standalone` (one node).
+
+`--secure` (docs/security.md) writes `acl.json` (one admin account, random secret key) and
+`cluster.secret` (random) into the cluster directory, both mode 600, and starts the nodes
+with `aclEnable=true` and `clusterSecretFile`: every API request but /health and /metrics is
+signed, and the Raft peers prove the secret before any frame. The keys are printed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import time
 from dataclasses import dataclass
@@ -19,6 +25,9 @@ from mqstore import localcluster as lc
 
 STATE_FILE = "cluster.json"
 HEALTH_TIMEOUT_S = 30.0
+ACL_FILE = "acl.json"
+SECRET_FILE = "cluster.secret"
+ADMIN_ACCESS_KEY = "local-admin"
 
 
 @dataclass(frozen=True)
@@ -35,8 +44,38 @@ class NodeSpec:
         return f"127.0.0.1:{self.api_port}"
 
 
-def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "broker-a") -> list[NodeSpec]:
-    """Node specs and their broker.conf files (written) for a local cluster."""
+def _write_private(path: str, text: str) -> None:
+    """`path` with mode 600, through a temp file and a rename."""
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def write_security(directory: str) -> tuple[str, str]:
+    """acl.json (one admin account) and cluster.secret with fresh random secrets in `directory`;
+    returns the admin's (access key, secret key). Both files are checked as the nodes will."""
+    from node.acl import parse_acl
+    from node.peer_auth import generate_secret, load_secret
+    os.makedirs(directory, exist_ok=True)
+    secret_key = secrets.token_urlsafe(32)
+    doc = {"accounts": [{"accessKey": ADMIN_ACCESS_KEY, "secretKey": secret_key, "admin": True}]}
+    parse_acl(json.dumps(doc))
+    _write_private(os.path.join(directory, ACL_FILE), json.dumps(doc, indent=2) + "\n")
+    _write_private(os.path.join(directory, SECRET_FILE), generate_secret() + "\n")
+    load_secret(secret_file=os.path.join(directory, SECRET_FILE))
+    return ADMIN_ACCESS_KEY, secret_key
+
+
+def security_lines(directory: str) -> list[str]:
+    return ["aclEnable=true", f"aclFile={os.path.join(directory, ACL_FILE)}",
+            f"clusterSecretFile={os.path.join(directory, SECRET_FILE)}"]
+
+
+def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "broker-a",
+         secure: bool = False) -> list[NodeSpec]:
+    """Node specs and their broker.conf files (written) for a local cluster; with `secure`, the
+    files of write_security must be in `directory` already."""
     if mode == "standalone":
         nodes = 1
     specs = [NodeSpec(f"n{i}", base_port + 10 * i, 40911 + i + (base_port - 10911),
@@ -58,15 +97,18 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
         ]
         if mode == "dledger":
             lines += lc.dledger_lines(s.node_id, group, raft, api)
+        if secure:
+            lines += security_lines(directory)
         lc.write_conf(s.config_path, lines)
     return specs
 
 
-def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int = 10911) -> list[NodeSpec]:
+def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int = 10911,
+          secure: bool = False) -> list[NodeSpec]:
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, STATE_FILE)):
         raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
-    specs = plan(directory, mode, nodes, base_port)
+    specs = plan(directory, mode, nodes, base_port, secure=secure)
     procs = [lc.Proc(lc.node_argv(s.config_path), s.log_path, s.node_id, new_session=True).start() for s in specs]
     pids = [p.pid for p in procs]
     with open(os.path.join(directory, STATE_FILE), "w") as f:
@@ -97,6 +139,29 @@ def stop(directory: str) -> list[int]:
     return pids
 
 
+def secure_usage_text(specs: list[NodeSpec], leader: str | None, directory: str, keys: tuple[str, str]) -> str:
+    ep = leader or specs[0].api
+    nodes = "\n".join(f"  {s.node_id}  http://{s.api}   (store {s.store_dir}, log {s.log_path})" for s in specs)
+    return f"""mqstore cluster is up ({len(specs)} node{'s' if len(specs) > 1 else ''}, secure); leader: {leader or 'electing'}
+{nodes}
+
+ACL is on: every request but /health and /metrics is signed (an unsigned curl gets 401), and the
+Raft peers prove the cluster secret before any frame ({os.path.join(directory, SECRET_FILE)}).
+Admin account (also in {os.path.join(directory, ACL_FILE)}; add accounts there, nodes reload it):
+  export MQSTORE_ACCESS_KEY={keys[0]} MQSTORE_SECRET_KEY={keys[1]}
+
+Try it (against the leader):
+  .venv/bin/mqstore updateTopic -n {ep} -t TopicTest -w 4
+  .venv/bin/mqstore send -n {ep} -t TopicTest -b hello --tags TagA --keys order-1
+  .venv/bin/mqstore pull -n {ep} -t TopicTest -q 0 -o 0
+  .venv/bin/mqstore clusterList -n {ep}
+
+Dashboard: http://{ep}/dashboard   (sign in with the keys above; metrics: http://{ep}/metrics)
+
+Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with --detach).
+"""
+
+
 def usage_text(specs: list[NodeSpec], leader: str | None, directory: str) -> str:
     ep = leader or specs[0].api
     nodes = "\n".join(f"  {s.node_id}  http://{s.api}   (store {s.store_dir}, log {s.log_path})" for s in specs)
@@ -118,10 +183,17 @@ Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with 
 """
 
 
-def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool) -> int:
-    specs = start(directory, mode, nodes, base_port)
+def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool, secure: bool = False) -> int:
+    keys = None
+    if secure:
+        directory = os.path.abspath(directory)
+        if os.path.exists(os.path.join(directory, STATE_FILE)):
+            raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
+        keys = write_security(directory)
+    specs = start(directory, mode, nodes, base_port, secure=secure)
     leader = wait_for_leader(specs)
-    print(usage_text(specs, leader, directory), flush=True)
+    text = secure_usage_text(specs, leader, directory, keys) if keys else usage_text(specs, leader, directory)
+    print(text, flush=True)
     if detach:
         return 0
     stopping = {"now": False}

@@ -16,6 +16,7 @@ and the dispatcher only reads committed data.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -25,6 +26,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import msgpack
 
+from node import limits
 from node.config import BrokerConfig
 from node.metrics import TrafficStats
 from node.replicated_log import ReplicatedLog
@@ -292,6 +294,8 @@ class Broker:
         self.offset_store = offset_store
         self.clock_ms = clock_ms
         self.topics: dict[str, TopicConfig] = {}
+        self._topics_pending: set[str] = set()              # new topics being created (maxTopics)
+        self._groups_pending: set[str] = set()              # new groups' first offset commits (maxConsumerGroups)
         self.offsets: dict[str, dict[int, int]] = {}      # "topic@group" -> queue -> offset
         self._offsets_dirty = False
         self._offset_replay_from = 0                        # next system-queue offset to replay
@@ -538,8 +542,9 @@ class Broker:
 
     # --- topics --------------------------------------------------------------------------------
     async def create_topic(self, topic: Any, queues: Any = None, perm: Any = None, *,
-                           read_queues: Any = None, write_queues: Any = None) -> TopicConfig:
-        """Create or update (RocketMQ updateTopic is an upsert). Replicated through the log."""
+                           read_queues: Any = None, write_queues: Any = None, capped: bool = True) -> TopicConfig:
+        """Create or update (RocketMQ updateTopic is an upsert). Replicated through the log.
+        `capped`: a new topic beyond maxTopics is refused (LimitExceeded); the controller's are not."""
         topic = check_user_topic(topic)
         default = self.config.default_topic_queue_nums if queues is None else queues
         n = check_int("queues", default, 1, MAX_QUEUES_PER_TOPIC)
@@ -550,7 +555,9 @@ class Broker:
             raise BadRequest(f"perm must combine read (4) and write (2), got {p}")
         cfg = TopicConfig(topic, r, w, p)
         if self.topics.get(topic) != cfg:
-            await self._append_system(SYS_TOPIC_CONFIG, cfg.to_dict())
+            with limits.reserve("topics", topic, self.topics, self._topics_pending,
+                                self.config.max_topics if capped else 0):
+                await self._append_system(SYS_TOPIC_CONFIG, cfg.to_dict())
         return self.topics[topic]
 
     async def apply_controller_topics(self, wanted: dict[str, tuple[int, int]]) -> list[str]:
@@ -568,7 +575,7 @@ class Broker:
                 continue
             try:
                 if cur is None:
-                    await self.create_topic(topic, queues, perm)
+                    await self.create_topic(topic, queues, perm, capped=False)
                 else:   # grow the queues and/or take the controller's perm; never shrink
                     await self.create_topic(topic, perm=perm, read_queues=max(cur.read_queue_nums, queues),
                                             write_queues=max(cur.write_queue_nums, queues))
@@ -810,8 +817,27 @@ class Broker:
         offset = check_int("offset", offset, 0, 1 << 62)
         if offset > hi:
             raise BadRequest(f"offset {offset} is past the queue's max offset {hi}")
-        await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
-                                                        "queue_id": qid, "offset": offset})
+        with self._group_slot(group, cfg.topic):
+            await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
+                                                            "queue_id": qid, "offset": offset})
+
+    def _group_slot(self, group: str, topic: str) -> Any:
+        """maxConsumerGroups around a commit of `group`'s offsets on `topic`."""
+        if f"{topic}@{group}" in self.offsets:     # the group is tracked already: nothing to scan
+            return contextlib.nullcontext()
+        return limits.reserve("consumer_groups", group, self.tracked_groups(), self._groups_pending,
+                              self.config.max_consumer_groups)
+
+    def tracked_groups(self) -> set[str]:
+        """Consumer groups this node tracks (maxConsumerGroups): with committed offsets or live members."""
+        groups = {key.rpartition("@")[2] for key in self.offsets if not key.startswith(SYSTEM_PREFIX)}
+        groups.update(self.services.groups.groups)
+        return groups
+
+    def admit_group(self, group: str) -> None:
+        """A heartbeat of a group with no live members: refused when it is new and the node is full."""
+        limits.check_new_name("consumer_groups", group, self.tracked_groups(), self.config.max_consumer_groups,
+                              self._groups_pending)
 
     def get_offsets(self, group: Any, topic: Any = None) -> dict[str, dict[int, int]]:
         """topic -> {queue_id: committed offset} for `group` (one topic when given)."""
@@ -866,11 +892,12 @@ class Broker:
         cfg = self.topic(topic)
         ts = check_int("timestamp", timestamp_ms, 0, 1 << 62)
         out = []
-        for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
-            off = self.offset_by_time(cfg.topic, qid, ts)
-            await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
-                                                            "queue_id": qid, "offset": off})
-            out.append({"queue_id": qid, "offset": off})
+        with self._group_slot(group, cfg.topic):
+            for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+                off = self.offset_by_time(cfg.topic, qid, ts)
+                await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
+                                                                "queue_id": qid, "offset": off})
+                out.append({"queue_id": qid, "offset": off})
         return out
 
     async def delete_topic(self, topic: Any) -> TopicConfig:

@@ -41,7 +41,7 @@ class ClientServices:
         self.fence = LeaderFence(broker)
         self.schedule = ScheduleService(broker, self.fence, self.levels_ms)
         self.transactions = TransactionService(broker, self.fence)
-        self.groups = ConsumerGroups()
+        self.groups = ConsumerGroups(admit=broker.admit_group)   # maxConsumerGroups
         self.created = time.monotonic()
         self._locks = QueueLocks(broker.config.rebalance_lock_max_live_time_ms)
 

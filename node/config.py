@@ -170,6 +170,15 @@ class BrokerConfig:
     raft_max_inbound_connections: int = _key("raftMaxInboundConnections", 32)
     # (ours) Inbound HA (slave) connections held at once on the master; beyond it closed on accept.
     ha_max_connections: int = _key("haMaxConnections", 64)
+    # (ours) Topics this node holds (retry and DLQ topics included); a client's create of one
+    # more is refused. Topics arriving through the log or from the controller are always applied.
+    max_topics: int = _key("maxTopics", 10_000)
+    # (ours) Consumer groups this node tracks (with live members or committed offsets); a heartbeat or
+    # an offset commit of one more group is refused, known groups keep working.
+    max_consumer_groups: int = _key("maxConsumerGroups", 10_000)
+    # (ours) Client HTTP connections open at once on the API port, TLS handshakes in progress included;
+    # beyond it a new connection is closed on accept.
+    max_http_connections: int = _key("maxHttpConnections", 4096)
     # Delay levels for scheduled messages and retries (RocketMQ's messageDelayLevel).
     message_delay_level: str = _key("messageDelayLevel",
                                     "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
@@ -389,6 +398,9 @@ _CHECKS = (
     _in_range("max_inflight_requests_per_client", 1, 1_000_000),
     _in_range("raft_max_inbound_connections", 1, 4096),
     _in_range("ha_max_connections", 1, 4096),
+    _in_range("max_topics", 1, 1_000_000),
+    _in_range("max_consumer_groups", 1, 1_000_000),
+    _in_range("max_http_connections", 1, 1_000_000),
     _in_range("ha_max_gap_not_in_sync_bytes", 0, 1 << 40),
     _in_range("ha_slave_ack_timeout_ms", 1, 600_000),
     _in_range("ha_max_time_slave_not_catchup_ms", 100, 3_600_000),

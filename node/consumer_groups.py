@@ -62,9 +62,12 @@ class Member:
 class ConsumerGroups:
     """Live members per group, expiring when their heartbeats stop. Bounded in groups and members."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, admit: Callable[[str], None] | None = None):
         self.clock = clock
         self.groups: dict[str, dict[str, Member]] = {}
+        # Called for a group with no live members before it is added; raises to refuse it (the
+        # broker's maxConsumerGroups, node/limits.py). Without it, MAX_GROUPS bounds the table.
+        self.admit = admit
 
     def _expire(self, group: str) -> dict[str, Member]:
         now = self.clock()
@@ -85,8 +88,11 @@ class ConsumerGroups:
         names = frozenset(check_user_topic(t) for t in topics)
         ttl = check_int("ttl_ms", TTL_MS_DEFAULT if ttl_ms is None else ttl_ms, *TTL_MS_RANGE)
         members = self._expire(group)
-        if group not in self.groups and len(self.groups) >= MAX_GROUPS:
-            raise BadRequest(f"too many consumer groups (limit {MAX_GROUPS})")
+        if group not in self.groups:
+            if self.admit is not None:
+                self.admit(group)
+            elif len(self.groups) >= MAX_GROUPS:
+                raise BadRequest(f"too many consumer groups (limit {MAX_GROUPS})")
         if client_id not in members and len(members) >= MAX_MEMBERS_PER_GROUP:
             raise BadRequest(f"group {group!r} has {MAX_MEMBERS_PER_GROUP} members; the limit is reached")
         members[client_id] = Member(client_id, names, self.clock() + ttl / 1000.0)

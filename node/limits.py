@@ -18,11 +18,24 @@ Every limit is a broker.conf key (node/config.py) and every refusal is counted i
 | long_poll_waiters      | longPollingMaxWaiters                | the pull answers at once (short polling)  |
 | raft_connections       | raftMaxInboundConnections            | the connection is closed on accept        |
 | ha_connections         | haMaxConnections                     | the connection is closed on accept        |
+| topics                 | maxTopics                            | 400 LIMIT_EXCEEDED; nothing is created    |
+| consumer_groups        | maxConsumerGroups                    | 400 LIMIT_EXCEEDED (a new group only)     |
+| http_connections       | maxHttpConnections                   | the connection is closed on accept        |
 
 HTTP/1.1 serves one request at a time per connection, so a connection never has more
 than one request in flight; the per-client bound (by remote address) covers clients that
-open many connections. Peer frames (Raft, HA) check their length before reading the
-payload (dledger/transport.py read_frame, ha/protocol.py PushDecoder).
+open many connections, and maxHttpConnections all of them together: it counts every
+accepted API socket, TLS handshakes in progress included (node/api_site.py). Peer frames
+(Raft, HA) check their length before reading the payload (dledger/transport.py read_frame,
+ha/protocol.py PushDecoder).
+
+maxTopics and maxConsumerGroups bound what clients create: a topic or a group that
+arrives through the replicated log (a follower applying the leader's records) or from the
+controller is always applied, so replicas never disagree and never fail on it. A name being
+created counts from the check until its record is applied (`reserve`), so concurrent
+creations cannot overshoot the cap. A new consumer group is one with neither committed
+offsets nor live members: its heartbeat or its first offset commit (or offset reset) is
+refused; groups already tracked keep working.
 
 The counters are process-wide (`REJECTIONS`): the Raft and HA listeners have no broker
 to hand, and one process runs one node outside tests.
@@ -30,11 +43,12 @@ to hand, and one process runs one node outside tests.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import re
 import threading
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, Awaitable, Callable, Collection, Iterator
 
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily
@@ -44,7 +58,8 @@ from node.store.errors import BadRequest, MessageTooLarge
 
 LIMIT_NAMES = ("request_bytes", "message_size", "batch_messages", "properties_count", "property_name_bytes",
                "property_value_bytes", "properties_bytes", "keys_count", "topic_name", "group_name",
-               "inflight_per_client", "long_poll_waiters", "raft_connections", "ha_connections")
+               "inflight_per_client", "long_poll_waiters", "raft_connections", "ha_connections",
+               "topics", "consumer_groups", "http_connections")
 _NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 
@@ -112,6 +127,9 @@ class Limits:
     max_keys_per_message: int = 64
     max_inflight_requests_per_client: int = 4096
     long_polling_max_waiters: int = 10_000
+    max_topics: int = 10_000
+    max_consumer_groups: int = 10_000
+    max_http_connections: int = 4096
 
     @classmethod
     def from_config(cls, config: Any) -> "Limits":
@@ -169,6 +187,38 @@ def check_path_names(match_info: Any) -> None:
         v = match_info.get(name)
         if v is not None and (len(v) > cap or not _NAME_RE.match(v)):
             raise LimitExceeded(limit, f"{name} {v[:140]!r} must be 1..{cap} chars of [%|a-zA-Z0-9_-]")
+
+
+# --- topics and consumer groups a node holds -----------------------------------------------------------
+_CAP_KEYS = {"topics": "maxTopics", "consumer_groups": "maxConsumerGroups"}
+_CAP_WHAT = {"topics": "topic", "consumer_groups": "consumer group"}
+
+
+def check_new_name(limit: str, name: str, known: Collection[str], cap: int,
+                   pending: Collection[str] = ()) -> None:
+    """Raise LimitExceeded(limit) when `name` is neither known nor pending and `cap` names are
+    held already (known ones plus pending ones not yet known). cap 0 = unbounded."""
+    if not cap or name in known or name in pending:
+        return
+    held = len(known) + sum(1 for p in pending if p not in known)
+    if held >= cap:
+        raise LimitExceeded(limit, f"cannot create {_CAP_WHAT[limit]} {name!r}: this node holds {held}; the "
+                            f"limit ({_CAP_KEYS[limit]}) is {cap}")
+
+
+@contextlib.contextmanager
+def reserve(limit: str, name: str, known: Collection[str], pending: set[str], cap: int) -> Iterator[None]:
+    """check_new_name, then hold `name` in `pending` for the block (while its record is appended
+    and applied), so creations running concurrently count each other."""
+    check_new_name(limit, name, known, cap, pending)
+    if name in pending or name in known:
+        yield
+        return
+    pending.add(name)
+    try:
+        yield
+    finally:
+        pending.discard(name)
 
 
 # --- per-client in-flight requests ------------------------------------------------------------------

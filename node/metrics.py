@@ -222,6 +222,9 @@ class NodeCollector:
         yield _gauge("rocketmq_commitlog_min_offset", "First retained log position", labels, who, b.log.min_position)
         yield _gauge("rocketmq_dispatch_behind_bytes", "Committed bytes not yet dispatched to consume queues",
                      labels, who, int(getattr(b.dispatcher, "behind_bytes", 0)))
+        yield CounterMetricFamily("rocketmq_dispatch_disk_full_errors",
+                                  "Consume-queue/index/checkpoint writes refused with ENOSPC (dispatch paused, retried)",
+                                  value=int(getattr(b.dispatcher, "disk_full_errors", 0)))
         yield CounterMetricFamily("rocketmq_messages_in", "User messages acknowledged since start",
                                   value=b.messages_in)
         yield GaugeMetricFamily("rocketmq_long_poll_waiters", "Pulls held by long polling",
@@ -235,6 +238,18 @@ class NodeCollector:
                                     value=len(corruption))
             yield CounterMetricFamily("rocketmq_store_corrupt_repaired", "Corrupt ranges repaired from a peer",
                                       value=corruption.repaired_total)
+        repairer = getattr(b.log, "repairer", None)
+        if repairer is not None:     # DLedger: dledger/repair.py fetches corrupt entries from peers
+            yield CounterMetricFamily("rocketmq_store_repaired_entries", "Corrupt entries rewritten in place with "
+                                      "a peer's verified copy", value=repairer.repaired)
+            yield CounterMetricFamily("rocketmq_store_repair_failures", "Fetches of a corrupt entry from a peer "
+                                      "that failed (refused, no answer in time, bytes that do not verify)",
+                                      value=repairer.failures)
+            yield GaugeMetricFamily("rocketmq_store_repair_pending_entries", "Corrupt entries waiting for a repair "
+                                    "from a peer", value=repairer.pending_entries())
+            yield CounterMetricFamily("rocketmq_store_repair_served_fetches", "Peers' fetches of entries this "
+                                      "node answered with verified entries",
+                                      value=repairer.metrics["serve_entries_answers"])
         role = GaugeMetricFamily("rocketmq_node_role", "1 for this node's current role", labels=["role"])
         current = b.log.role()
         for r in ROLE_VALUES:
@@ -350,6 +365,8 @@ def node_registry(broker: Any, fs: FileSystem | None = None) -> CollectorRegistr
     registry.register(NodeCollector(broker, fs if fs is not None else getattr(broker, "fs", None)))
     from node.limits import RejectionsCollector   # rocketmq_limit_rejections_total{limit}
     registry.register(RejectionsCollector())
+    from node.tls import HandshakeFailuresCollector   # rocketmq_tls_handshake_failures_total{listener}
+    registry.register(HandshakeFailuresCollector())
     return registry
 
 
@@ -384,4 +401,6 @@ class ControllerCollector:
 def controller_registry(sm: Any) -> CollectorRegistry:
     registry = CollectorRegistry()
     registry.register(ControllerCollector(sm))
+    from node.tls import HandshakeFailuresCollector   # rocketmq_tls_handshake_failures_total{listener}
+    registry.register(HandshakeFailuresCollector())
     return registry

@@ -19,6 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
+from node.api_site import LimitedSite   # maxHttpConnections; TLS handshakes counted
 from node.broker import Broker
 from node.config import BrokerConfig, parse_delay_levels
 from node.replicated_log import ReplicatedLog
@@ -202,8 +203,9 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     app[REGISTRY_KEY].register(peer_auth.PeerAuthCollector())
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    await web.TCPSite(runner, config.bind_address, config.listen_port, reuse_address=True,
-                      ssl_context=tls.api_server_context(config)).start()
+    await LimitedSite(runner, config.bind_address, config.listen_port, reuse_address=True,
+                      max_connections=config.max_http_connections,
+                      ssl_context=tls.count_failures(tls.api_server_context(config), "api")).start()
     log.info("node serving", extra={"api": f"{config.bind_address}:{config.listen_port}", "mode": broker.log.mode,
                                     "store": config.store_root, "startup_s": round(time.monotonic() - t0, 3)})
     watcher = asyncio.create_task(_watch_fatal(broker, stop_event))

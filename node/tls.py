@@ -5,14 +5,38 @@ the cluster CA (`CERT_REQUIRED`), and the dialler verifies the listener's certif
 host name against the same CA. HTTP APIs (node, controller) use server-auth TLS: clients
 verify the server; a client certificate is checked when offered, never required
 (`CERT_OPTIONAL`), so curl and the SDK work with just the CA file. TLS 1.2 is the floor.
+
+Failed handshakes are counted per listener in `rocketmq_tls_handshake_failures_total{listener}`
+(`HANDSHAKE_FAILURES`, process-wide like node/limits.py's REJECTIONS): `count_failures(ctx,
+listener)` gives a listener's context an `sslobject_class` (the documented hook of
+`SSLContext.wrap_bio`, which asyncio's TLS transport uses for every connection) whose
+`do_handshake` counts the TLS error that ends a handshake: a peer that does not trust our
+certificate (its alert), one whose certificate we do not trust or that sends none where one
+is required, a plain-TCP client on a TLS port, a protocol version below the floor. A client
+that connects and closes or stays silent is not a TLS failure and is not counted; nor is one
+that rejects our certificate and closes without sending its alert (asyncio clients do so),
+which is why the dialling side of peer links counts its own failures too (`raft_dial`,
+`ha_dial`: a listener certificate this node does not trust, or a refusal of its own).
 """
 
 from __future__ import annotations
 
+import collections
+import logging
 import os
 import ssl
+import threading
+import time
+from typing import Any, Iterator
 
 from node.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+# The label set of the failure counter: the listeners, and the dialling side of peer links.
+LISTENERS = ("api", "raft", "ha", "controller", "raft_dial", "ha_dial")
+# Raised by do_handshake while a handshake is still in progress (asyncio retries on these).
+_IN_PROGRESS = (ssl.SSLWantReadError, ssl.SSLWantWriteError, ssl.SSLSyscallError)
 
 
 def _need_file(key: str, path: str) -> str:
@@ -79,3 +103,79 @@ def client_context_from_env(ca_file: str | None = None) -> ssl.SSLContext | None
     if not os.path.isfile(ca):
         raise ConfigError(f"MQSTORE_TLS_CA / --tls-ca: no such file {ca}")
     return client_context(ca)
+
+
+# --- failed handshakes --------------------------------------------------------------------------
+class HandshakeFailures:
+    """Failed TLS handshakes per listener; one warning per listener per `interval_s` at most."""
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self.totals: collections.Counter[str] = collections.Counter()
+        self._last: dict[str, float] = {}
+        self._unlogged: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()   # the controller's pysyncobj thread and tests' loops share it
+
+    def record(self, listener: str, err: BaseException) -> None:
+        assert listener in LISTENERS, listener
+        now = time.monotonic()
+        with self._lock:
+            self.totals[listener] += 1
+            if now - self._last.get(listener, float("-inf")) < self.interval_s:
+                self._unlogged[listener] += 1
+                return
+            self._last[listener] = now
+            skipped = self._unlogged.pop(listener, 0)
+        log.warning("TLS handshake failed on the %s listener: %s%s", listener, getattr(err, "reason", None) or err,
+                    f" ({skipped} more failures not logged)" if skipped else "")
+
+    def get(self, listener: str) -> int:
+        with self._lock:
+            return self.totals[listener]
+
+
+HANDSHAKE_FAILURES = HandshakeFailures()
+
+
+def _counting_class(listener: str) -> type[ssl.SSLObject]:
+    class CountingSSLObject(ssl.SSLObject):
+        """An SSLObject whose failed handshake is counted for its listener."""
+
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except _IN_PROGRESS:
+                raise
+            except ssl.SSLError as e:   # certificate verification, peer alerts, not TLS at all
+                HANDSHAKE_FAILURES.record(listener, e)
+                raise
+
+    CountingSSLObject.__qualname__ = f"CountingSSLObject[{listener}]"
+    return CountingSSLObject
+
+
+_COUNTING = {name: _counting_class(name) for name in LISTENERS}
+
+
+def count_failures(ctx: ssl.SSLContext | None, listener: str) -> ssl.SSLContext | None:
+    """`ctx`, its failed handshakes counted for `listener` from now on (None stays None).
+    A context serves one listener kind: labelling it again relabels it."""
+    if ctx is not None:
+        ctx.sslobject_class = _COUNTING[listener]
+    return ctx
+
+
+class HandshakeFailuresCollector:
+    """`rocketmq_tls_handshake_failures_total{listener}` for a node's or controller's registry."""
+
+    def __init__(self, failures: HandshakeFailures = HANDSHAKE_FAILURES):
+        self.failures = failures
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+        fam = CounterMetricFamily("rocketmq_tls_handshake_failures", "TLS handshakes that failed on a listener "
+                                  "(untrusted or missing certificate, peer alert, plain TCP on a TLS port)",
+                                  labels=["listener"])
+        for name in LISTENERS:
+            fam.add_metric([name], self.failures.get(name))
+        yield fam

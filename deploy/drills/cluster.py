@@ -28,6 +28,7 @@ LEADER_ROLES = ("LEADER", "MASTER")
 
 
 ACL_FILE = os.path.join(ROOT, "deploy", "conf", "acl.json")
+SECRET_FILE = os.path.join(ROOT, "deploy", "conf", "cluster.secret")
 ADMIN_ACCESS_KEY = "drill-admin"
 
 # (access key, secret key) that sign every http_json request (the compose nodes run with
@@ -61,12 +62,35 @@ def ensure_acl_file(path: str = ACL_FILE) -> str:
         {"accessKey": ADMIN_ACCESS_KEY, "secretKey": secrets.token_urlsafe(32), "admin": True},
         {"accessKey": "app-client", "secretKey": secrets.token_urlsafe(32),
          "defaultTopicPerm": "PUB|SUB", "defaultGroupPerm": "SUB"}]}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     parse_acl(json.dumps(doc))           # the nodes refuse to start on a file they cannot parse
+    _write_private(path, json.dumps(doc, indent=2))
+    return path
+
+
+def _write_private(path: str, text: str) -> None:
+    """Write `path` (mode 0600) through a temp file and a rename."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=2)
+        f.write(text)
     os.replace(path + ".tmp", path)
+
+
+def ensure_secret_file(path: str = SECRET_FILE) -> str:
+    """Write the cluster secret (peer authentication of Raft, HA and controller links, and the
+    controllers' signed API; docs/security.md) with a fresh random value unless it exists.
+
+    Gitignored, kept out of the image, bind-mounted read-only into every broker and controller."""
+    from node.peer_auth import generate_secret, load_secret
+    if os.path.isdir(path):
+        raise DrillError(f"{path} is a directory (a compose run without the file creates one); remove it")
+    if os.path.exists(path):
+        try:
+            load_secret(secret_file=path)
+        except ValueError as e:
+            raise DrillError(f"the cluster secret file {path} is not usable: {e}") from None
+        return path
+    _write_private(path, generate_secret() + "\n")
     return path
 
 
@@ -202,6 +226,7 @@ class Compose:
 
     def up(self) -> None:
         ensure_acl_file()
+        ensure_secret_file()
         if self.smalldisk:
             prepare_smalldisks(self.project)
         self.run("up", "-d")
@@ -369,8 +394,18 @@ class Cluster:
     def stop(self, service: str, timeout_s: int = 10) -> None:
         self.container(service).stop(timeout=timeout_s)
 
-    def pause(self, service: str) -> None:
-        self.container(service).pause()
+    def pause(self, service: str, attempts: int = 5) -> None:
+        """`docker pause` (cgroup freezer). The freezer gives up ("unable to freeze") when a
+        task stays in uninterruptible sleep, e.g. inside an fsync under heavy IO: try again."""
+        import docker.errors
+        for i in range(attempts):
+            try:
+                self.container(service).pause()
+                return
+            except docker.errors.APIError as e:
+                if "unable to freeze" not in str(e) or i == attempts - 1:
+                    raise DrillError(f"docker pause {service} failed: {e}") from None
+                time.sleep(0.2)
 
     def unpause(self, service: str) -> None:
         self.container(service).unpause()

@@ -3,7 +3,9 @@ and the drain that reads every queue back from every replica.
 
 Each send carries a fresh id (a retry is a new send) in its body and keys, so the checker can
 tell a store duplicate from a client retry. Sends go to the group's current leader; on any
-error the producer asks every replica's /health who leads now.
+error the producer asks every replica's /health who leads now, and a route refresher asks
+the same every LEADER_POLL_S, so a send started after a new leader is elected goes to it
+even while the old one stalls (paused, isolated) and answers nothing.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ import threading
 import time
 import uuid
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 from deploy.drills.checker import is_definite
 from deploy.drills.cluster import GROUPS, LEADER_ROLES, Cluster, http_json
 
 BODY_PAD = 200                 # bytes of filler after the id
 PULL_BATCH = 32                # maxTransferCountOnMessageInMemory
-SEND_TIMEOUT_S = 2.0            # a paused leader holds a send this long: it bounds failover from below
+SEND_TIMEOUT_S = 2.0            # a stalled leader holds a send this long
+LEADER_POLL_S = 0.25            # the route refresher's period
 
 
 def body_of(msg_id: str) -> str:
@@ -47,34 +51,60 @@ class History:
 
 
 class Workload:
+    """Open loop: one pacer starts a send every 1/rate s whatever the answers, each on a worker
+    of its own (at most `max_inflight` at once; when all are held by a stalled leader the pacer
+    waits for one). A closed loop would stop sending while its few workers wait out
+    SEND_TIMEOUT_S on a stalled leader, and so would measure the client's timeout, not the
+    failover."""
+
     def __init__(self, cluster: Cluster, group: str, topic: str, queues: int, history: History,
-                 rate_per_s: float = 40.0, threads: int = 2, max_messages: int = 20_000):
+                 rate_per_s: float = 40.0, max_inflight: int | None = None, max_messages: int = 20_000):
         self.cluster = cluster
         self.group = group
         self.topic = topic
         self.queues = queues
         self.history = history
-        self.interval_s = threads / rate_per_s
-        self.threads = threads
+        self.interval_s = 1.0 / rate_per_s
+        # enough workers for every send of SEND_TIMEOUT_S + 1 s at the rate, within [4, 256]
+        self.max_inflight = max_inflight or min(256, max(4, int(rate_per_s * (SEND_TIMEOUT_S + 1))))
         self.max_messages = max_messages      # bound on the whole run, whatever its duration
         self._leader: str | None = None
         self._stop = threading.Event()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()        # the message count and leader discovery
+        self._tally = threading.Lock()       # acked / failed
+        self._slots = threading.BoundedSemaphore(self.max_inflight)
         self._count = 0
         self._workers: list[threading.Thread] = []
+        self._pool: ThreadPoolExecutor | None = None
         self.acked = 0
         self.failed = 0
 
     def start(self) -> None:
-        for i in range(self.threads):
-            t = threading.Thread(target=self._run, args=(i,), name=f"producer-{i}", daemon=True)
+        self._pool = ThreadPoolExecutor(max_workers=self.max_inflight, thread_name_prefix="producer")
+        for target, name in ((self._pace, "pacer"), (self._refresh_routes, "route-refresher")):
+            t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._workers.append(t)
+
+    def _refresh_routes(self) -> None:
+        """Every LEADER_POLL_S: the replica claiming leadership in the highest term becomes the
+        producers' target (a stalled replica does not answer within the probe's timeout and so
+        makes no claim). No claim at all (an election under way) keeps the current target."""
+        while not self._stop.wait(LEADER_POLL_S):
+            claims = []
+            for s in GROUPS[self.group]:
+                h = self.cluster.health(s, timeout=LEADER_POLL_S)
+                if h and h.get("role") in LEADER_ROLES:
+                    claims.append((int(h.get("term") or 0), s))
+            if claims:
+                self._leader = max(claims)[1]
 
     def stop(self) -> None:
         self._stop.set()
         for t in self._workers:
             t.join(SEND_TIMEOUT_S + 2)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)     # every send started has its answer or its failure
 
     def _next(self) -> int | None:
         with self._lock:
@@ -98,20 +128,28 @@ class Workload:
             self._leader = max(claims)[1] if claims else None
             return self._leader
 
-    def _run(self, worker: int) -> None:
-        seq = 0
+    def _pace(self) -> None:
+        t_next = time.monotonic()
         while not self._stop.is_set():
-            t_next = time.monotonic() + self.interval_s
-            n = self._next()
-            if n is None:
-                return
             leader = self._leader or self._find_leader()
             if leader is None:
                 time.sleep(0.1)
                 continue
-            seq += 1
-            self._send_one(leader, f"{uuid.uuid4().hex[:12]}-{worker}-{seq}", seq % self.queues)
+            if not self._slots.acquire(timeout=0.5):       # every worker held: wait, then look again
+                continue
+            n = self._next()
+            if n is None or self._stop.is_set():
+                self._slots.release()
+                return
+            self._pool.submit(self._send_slot, leader, f"{uuid.uuid4().hex[:12]}-{n}", n % self.queues)
+            t_next = max(t_next + self.interval_s, time.monotonic() - 1.0)   # catch up at most 1 s
             time.sleep(max(0.0, t_next - time.monotonic()))
+
+    def _send_slot(self, leader: str, msg_id: str, queue: int) -> None:
+        try:
+            self._send_one(leader, msg_id, queue)
+        finally:
+            self._slots.release()
 
     def _send_one(self, leader: str, msg_id: str, queue: int) -> None:
         api = self.cluster.nodes[leader].api
@@ -130,13 +168,15 @@ class Workload:
             r = doc["results"][0]
             self.history.add(type="ack", id=msg_id, queue=r["queue_id"], queue_offset=r["queue_offset"],
                              msg_id=r.get("msg_id"))
-            self.acked += 1
+            with self._tally:
+                self.acked += 1
             return
         err = doc.get("error") or (doc.get("results") or [{}])[0].get("status") or f"HTTP_{st}"
         self._fail(msg_id, str(err), str(doc.get("message") or ""))
 
     def _fail(self, msg_id: str, error: str, message: str = "") -> None:
-        self.failed += 1
+        with self._tally:
+            self.failed += 1
         ev = {"message": message[:200]} if message else {}
         self.history.add(type="fail", id=msg_id, error=error, definite=is_definite(error, message), **ev)
         self._leader = None

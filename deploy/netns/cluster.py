@@ -72,6 +72,7 @@ class NetnsCluster:
         self._started = False
         self._closed = False
         self.acl_file = os.path.join(self.workdir, "acl.json")
+        self.secret_file = os.path.join(self.workdir, "cluster.secret")
         self._creds_before = None
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -158,6 +159,7 @@ class NetnsCluster:
         """The templates turn ACL on (aclEnable=true): this cluster gets its own ACL file with fresh
         secrets in the work dir, and every drill request is signed with its admin account."""
         dc.ensure_acl_file(self.acl_file)
+        dc.ensure_secret_file(self.secret_file)       # the templates read it (clusterSecretFile)
         with open(self.acl_file) as f:
             admin = next(a for a in json.load(f)["accounts"] if a.get("admin") is True)
         self._creds_before = dc.CREDENTIALS
@@ -169,7 +171,8 @@ class NetnsCluster:
 
     def _common(self, s: str) -> list[str]:
         return [f"brokerIP1={self.nodes[s].ip}", f"storePathRootDir={os.path.join(self.workdir, s, 'store')}",
-                f"mappedFileSizeCommitLog={COMMITLOG_SEGMENT}", f"aclFile={self.acl_file}"]
+                f"mappedFileSizeCommitLog={COMMITLOG_SEGMENT}", f"aclFile={self.acl_file}",
+                f"clusterSecretFile={self.secret_file}"]
 
     def _dledger_lines(self, s: str) -> list[str]:
         ids = {x: f"n{i}" for i, x in enumerate(GROUPS["broker-a"])}
@@ -202,7 +205,8 @@ class NetnsCluster:
                 "--raft-port", str(CTL_RAFT_PORT), "--data-dir", os.path.join(self.workdir, s, "data"),
                 "--peers", ",".join(f"{self.nodes[c].ip}:{CTL_RAFT_PORT}" for c in others),
                 "--peer-apis", ",".join(f"{self.nodes[c].ip}:{CTL_PORT}" for c in others),
-                "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms)]
+                "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms),
+                "--cluster-secret-file", self.secret_file]
         os.makedirs(os.path.join(self.workdir, s, "data"), exist_ok=True)
         return lc.Proc(self._in_ns(s, argv), os.path.join(self.workdir, s, "node.log"), s, new_session=True)
 

@@ -25,7 +25,7 @@ from array import array
 from typing import Callable, Iterator
 
 from node.store import layout as L
-from node.store.fileio import FileSystem
+from node.store.fileio import FileSystem, ShortWrite
 from node.store.segment import SegmentedFile
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,13 @@ class ConsumeQueue:
             seg = self.file.ensure_writable(pos)
             assert seg.end == pos, f"{self.directory}: append at {pos}, file end {seg.end}"
             n = min(len(view), seg.remaining)
-            seg.append(view[:n])
+            try:
+                seg.append(view[:n])
+            except ShortWrite:
+                # A full disk took part of the write: cut back to the last whole write so the
+                # file never ends in a torn unit, and the retry (dispatch again) appends here.
+                self.file.truncate(pos)
+                raise
             view = view[n:]
             pos += n
 

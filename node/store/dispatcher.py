@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import struct
 import time
 from typing import Callable, Sequence
 
@@ -51,8 +52,11 @@ DEFAULT_DELAY_LEVELS_MS: tuple[int, ...] = tuple(s * 1000 for s in (
     1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200))
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
 MAX_CACHED_NAMES = 10_000       # bound on the topic and tag caches
+DISK_FULL_RETRY_S = 1.0         # a batch refused with ENOSPC is dispatched again after this
+DISK_FULL_LOG_INTERVAL_S = 10.0  # at most one disk-full warning this often
 
 _HEADER = L.MESSAGE_HEADER
+_DISPATCH_FIELDS = L.MESSAGE_DISPATCH_FIELDS
 _PROPS_LEN = L.PROPERTIES_LEN
 _CQ_UNIT = L.CQ_UNIT
 _MAGIC = L.MESSAGE_MAGIC
@@ -79,15 +83,29 @@ class _Topic:
 
 
 class _Run:
-    """Consecutive units for one queue within a batch: written with one pwrite per file."""
+    """Consecutive units for one queue within a batch: their fields gathered, then packed in one
+    struct call and written with one pwrite per file."""
 
-    __slots__ = ("cq", "first", "count", "buf")
+    __slots__ = ("cq", "first", "count", "fields")
 
-    def __init__(self, cq: ConsumeQueue, first: int, unit: bytes):
+    def __init__(self, cq: ConsumeQueue, first: int, phys: int, size: int, code: int):
         self.cq = cq
         self.first = first
         self.count = 1
-        self.buf = bytearray(unit)
+        self.fields = [phys, size, code]      # CQ_UNIT fields of each unit, flat
+
+    def packed(self) -> bytes:
+        n = self.count
+        s = _RUN_STRUCTS.get(n)
+        if s is None:
+            if len(_RUN_STRUCTS) >= _MAX_RUN_STRUCTS:
+                _RUN_STRUCTS.clear()
+            s = _RUN_STRUCTS[n] = struct.Struct(">" + _CQ_UNIT.format.lstrip("<>!=@") * n)
+        return s.pack(*self.fields)
+
+
+_RUN_STRUCTS: dict[int, struct.Struct] = {}     # units per run -> Struct of that many CQ units
+_MAX_RUN_STRUCTS = 1024
 
 
 class Dispatcher:
@@ -120,6 +138,8 @@ class Dispatcher:
         self.failed: BaseException | None = None
         self.dispatched_records = 0     # metrics
         self.handler_errors = 0
+        self.disk_full_errors = 0       # CQ/index/checkpoint writes refused with ENOSPC (retried)
+        self._disk_full_logged = float("-inf")
 
     # --- observers ----------------------------------------------------------------------------
     @property
@@ -193,11 +213,18 @@ class Dispatcher:
                 if self.position >= self.log.committed_position:
                     wait = max(0.001, min(1.0, next_flush - self._clock()))
                     await self.log.wait_committed(self.position, wait)
-                if self.position < self.log.committed_position:
-                    self.dispatch_once()
-                if self._clock() >= next_flush:
-                    self.flush()
-                    next_flush = self._clock() + interval
+                try:
+                    if self.position < self.log.committed_position:
+                        self.dispatch_once()
+                    if self._clock() >= next_flush:
+                        next_flush = self._clock() + interval
+                        self.flush()
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    self._disk_full(e)
+                    await asyncio.sleep(DISK_FULL_RETRY_S)
+                    continue
                 await asyncio.sleep(0)  # let pulls and appends run between batches
         except asyncio.CancelledError:
             self._final_flush()
@@ -207,6 +234,20 @@ class Dispatcher:
             log.error("dispatch stopped at log position %d (%d bytes behind): %s", self.position,
                       self.behind_bytes, e)
             raise
+
+    def _disk_full(self, e: OSError) -> None:
+        """A consume-queue, index or checkpoint write found the disk full. The batch is not
+        counted as dispatched (position stays), so it is dispatched again once there is
+        room: CQ units already written are compared, not appended twice (put_units), index
+        entries already built are skipped and the buffered ones rewritten at the same place
+        (build_index, write_pending). Pulls see the queues as they were; nothing is lost."""
+        self.disk_full_errors += 1
+        now = self._clock()
+        if now - self._disk_full_logged >= DISK_FULL_LOG_INTERVAL_S:
+            self._disk_full_logged = now
+            log.warning("dispatch paused at log position %d (%d bytes behind): disk full (%s); retrying "
+                        "every %.0f s (%d disk-full errors so far)", self.position, self.behind_bytes, e,
+                        DISK_FULL_RETRY_S, self.disk_full_errors)
 
     def _final_flush(self) -> None:
         try:
@@ -270,66 +311,65 @@ class Dispatcher:
         return self._dispatch_spans([(r.data, 0, r.physical_offset, len(r.data)) for r in batch.records])
 
     def _dispatch_spans(self, spans: Sequence[tuple[bytes, int, int, int]]) -> int:
+        """Each record `buf[at:at + size]`, read in place: its CQ unit joins its queue's run,
+        its keys go to the index, a system record is queued for its handler. One loop with
+        its names bound locally (every dispatched record passes here), one narrow header
+        unpack per record."""
         runs: dict[tuple[bytes, int], _Run] = {}
         calls: list[tuple[SystemHandler, bytes, int]] = []
-        dispatch = self._dispatch_record
-        for buf, start, phys, size in spans:
-            dispatch(buf, start, phys, size, runs, calls)
+        unpack, head, props_len_of = _DISPATCH_FIELDS.unpack_from, _HEADER.size, _PROPS_LEN.unpack_from
+        topics, props_cache, index = self._topics, self._props, self.index
+        store_ts = None
+        for buf, at, phys, size in spans:
+            total, magic, queue_id, queue_offset, phys_field, sys_flag, store_ts, body_len = unpack(buf, at)
+            if magic != _MAGIC or total != size or phys_field != phys:
+                raise CorruptRecord(phys, f"header says magic {magic:#x} size {total} offset {phys_field}; "
+                                          f"scan gave {size} bytes at {phys}")
+            end = at + total
+            p = at + head + body_len
+            if body_len < 0 or p + 3 > end:
+                raise CorruptRecord(phys, f"bad body length {body_len}")
+            topic_end = p + 1 + buf[p]
+            topic_b = buf[p + 1:topic_end]
+            (props_len,) = props_len_of(buf, topic_end)
+            if topic_end + 2 + props_len != end:
+                raise CorruptRecord(phys, "record size does not match its fields")
+            topic = topics.get(topic_b) or self._topic(topic_b)
+            if props_len:
+                raw = buf[topic_end + 2:end]
+                facts = props_cache.get(raw) or self._props_facts(raw)
+            else:
+                facts = _NO_PROPS
+            tx = sys_flag & _TX_MASK
+            if tx != _TX_PREPARED and tx != _TX_ROLLBACK and phys >= topic.dead_below:
+                if topic.is_schedule and facts[3]:
+                    code = self.delivery_time(facts[3], store_ts)
+                else:
+                    code = facts[0]
+                key = (topic_b, queue_id)
+                run = runs.get(key)
+                if run is not None and run.first + run.count == queue_offset:
+                    run.fields += (phys, total, code)
+                    run.count += 1
+                else:
+                    if run is not None:
+                        self._write_run(run)     # out of order within a batch: write what we have
+                    runs[key] = _Run(self._queue(topic, topic_b, queue_id), queue_offset, phys, total, code)
+            if index is not None and tx != _TX_ROLLBACK and (facts[1] or facts[2]):
+                index.build_index(topic.name, facts[1], facts[2], phys, store_ts)
+            if topic.handler is not None:
+                calls.append((topic.handler, buf[at:end], phys))
+        if store_ts is not None:
+            self._last_store_ts = store_ts
         touched = [self._write_run(run) for run in runs.values()]
-        if self.index is not None:
-            self.index.write_pending()
+        if index is not None:
+            index.write_pending()
         for handler, data, phys in calls:
             self._call_handler(handler, data, phys)
         for cq in touched:
             self._notify(cq)
         self.dispatched_records += len(spans)
         return len(spans)
-
-    def _dispatch_record(self, buf: bytes, at: int, phys: int, size: int, runs: dict[tuple[bytes, int], _Run],
-                         calls: list[tuple[SystemHandler, bytes, int]]) -> None:
-        """One record, `buf[at:at + size]`, read in place: its CQ unit joins its queue's run,
-        its keys go to the index, a system record is queued for its handler."""
-        (total, magic, _crc, queue_id, _flag, queue_offset, phys_field, sys_flag, _bts, _bip, _bport,
-         store_ts, _sip, _sport, _rc, _ptx, body_len) = _HEADER.unpack_from(buf, at)
-        if magic != _MAGIC or total != size or phys_field != phys:
-            raise CorruptRecord(phys, f"header says magic {magic:#x} size {total} offset {phys_field}; "
-                                      f"scan gave {size} bytes at {phys}")
-        end = at + total
-        p = at + _HEADER.size + body_len
-        if body_len < 0 or p + 3 > end:
-            raise CorruptRecord(phys, f"bad body length {body_len}")
-        topic_end = p + 1 + buf[p]
-        topic_b = buf[p + 1:topic_end]
-        (props_len,) = _PROPS_LEN.unpack_from(buf, topic_end)
-        if topic_end + 2 + props_len != end:
-            raise CorruptRecord(phys, "record size does not match its fields")
-        topic = self._topics.get(topic_b) or self._topic(topic_b)
-        self._last_store_ts = store_ts
-        if props_len:
-            raw = buf[topic_end + 2:end]
-            facts = self._props.get(raw) or self._props_facts(raw)
-        else:
-            facts = _NO_PROPS
-        tx = sys_flag & _TX_MASK
-        if tx != _TX_PREPARED and tx != _TX_ROLLBACK and phys >= topic.dead_below:
-            if topic.is_schedule and facts[3]:
-                code = self.delivery_time(facts[3], store_ts)
-            else:
-                code = facts[0]
-            unit = _CQ_UNIT.pack(phys, total, code)
-            key = (topic_b, queue_id)
-            run = runs.get(key)
-            if run is not None and run.first + run.count == queue_offset:
-                run.buf += unit
-                run.count += 1
-            else:
-                if run is not None:
-                    self._write_run(run)     # out of order within a batch: write what we have
-                runs[key] = _Run(self._queue(topic, topic_b, queue_id), queue_offset, unit)
-        if self.index is not None and tx != _TX_ROLLBACK and (facts[1] or facts[2]):
-            self.index.build_index(topic.name, facts[1], facts[2], phys, store_ts)
-        if topic.handler is not None:
-            calls.append((topic.handler, buf[at:end], phys))
 
     def _props_facts(self, raw: bytes) -> tuple[int, str | None, str | None, str | None]:
         """(tags code, KEYS, UNIQ_KEY, DELAY) of encoded properties. Remembered (bounded) only
@@ -407,7 +447,7 @@ class Dispatcher:
         return cq
 
     def _write_run(self, run: _Run) -> ConsumeQueue:
-        run.cq.put_units(run.first, run.buf)
+        run.cq.put_units(run.first, run.packed())
         return run.cq
 
     def _call_handler(self, handler: SystemHandler, data: bytes, phys: int) -> None:

@@ -53,6 +53,28 @@ MESSAGE_QUEUE_FIELDS = struct.Struct(">i{}xq{}xi{}xi".format(
     MESSAGE_FIELD_OFFSET["sys_flag"] - MESSAGE_FIELD_OFFSET["queue_offset"] - 8,
     MESSAGE_FIELD_OFFSET["body_len"] - MESSAGE_FIELD_OFFSET["sys_flag"] - 4))
 assert MESSAGE_QUEUE_FIELDS.size == MESSAGE_FIELD_OFFSET["body_len"] + 4 - MESSAGE_FIELD_OFFSET["queue_id"]
+
+
+def view(layout: dict[str, int], codes: dict[str, str], fields: tuple[str, ...]) -> struct.Struct:
+    """A Struct reading only `fields` (in layout order) of a record, the bytes between skipped."""
+    fmt, at = ">", 0
+    for name in fields:
+        gap = layout[name] - at
+        assert gap >= 0, name
+        fmt += f"{gap}x" if gap else ""
+        fmt += codes[name]
+        at = layout[name] + struct.calcsize(">" + codes[name])
+    return struct.Struct(fmt)
+
+
+# The fields the dispatcher reads per record, in one unpack from the record's start:
+# total_size, magic, queue_id, queue_offset, physical_offset, sys_flag, store_timestamp, body_len.
+MESSAGE_DISPATCH_FIELDS = view(MESSAGE_FIELD_OFFSET, {
+    "total_size": "i", "magic": "I", "queue_id": "i", "queue_offset": "q", "physical_offset": "q",
+    "sys_flag": "i", "store_timestamp": "q", "body_len": "i"}, (
+    "total_size", "magic", "queue_id", "queue_offset", "physical_offset", "sys_flag", "store_timestamp",
+    "body_len"))
+assert MESSAGE_DISPATCH_FIELDS.size == MESSAGE_HEADER.size
 # 88 fixed + 1 topic length + 2 properties length.
 MESSAGE_OVERHEAD = MESSAGE_HEADER.size + TOPIC_LEN.size + PROPERTIES_LEN.size
 assert MESSAGE_OVERHEAD == 91

@@ -1,5 +1,5 @@
 """Goal: the pure parts of the drill tooling behave without Docker: the matrix row and table,
-the ACL file the compose cluster is started with, the credentials the drills sign with, and
+the ACL and cluster-secret files the compose cluster is started with, the credentials the drills sign with, and
 bad settings refused with a clear error. Method: plain inputs, tmp files, env patches."""
 
 from __future__ import annotations
@@ -63,6 +63,31 @@ def test_acl_file_is_generated_private_parseable_and_kept(tmp_path, monkeypatch)
     assert ak == cl.ADMIN_ACCESS_KEY and len(sk) >= 32
 
 
+def test_cluster_secret_file_is_generated_private_loadable_and_kept(tmp_path):
+    from node.peer_auth import MIN_SECRET_BYTES, load_secret
+    path = str(tmp_path / "cluster.secret")
+    cl.ensure_secret_file(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    secret = load_secret(secret_file=path)
+    assert secret is not None and len(secret) >= MIN_SECRET_BYTES
+    cl.ensure_secret_file(path)                   # an existing file is kept, not regenerated
+    assert load_secret(secret_file=path) == secret
+    other = str(tmp_path / "other.secret")
+    cl.ensure_secret_file(other)
+    assert load_secret(secret_file=other) != secret
+
+
+def test_bad_cluster_secret_file_is_refused(tmp_path):
+    short = tmp_path / "short.secret"
+    short.write_text("abc\n")
+    with pytest.raises(cl.DrillError, match="not usable.*at least"):
+        cl.ensure_secret_file(str(short))
+    assert short.read_text() == "abc\n"         # reported, never silently replaced
+    os.makedirs(tmp_path / "dir.secret")
+    with pytest.raises(cl.DrillError, match="is a directory"):
+        cl.ensure_secret_file(str(tmp_path / "dir.secret"))
+
+
 def test_bad_acl_file_and_half_credentials_are_refused(tmp_path, monkeypatch):
     path = tmp_path / "acl.json"
     path.write_text(json.dumps({"accounts": [{"accessKey": "ab", "secretKey": "x" * 10}]}))
@@ -123,3 +148,63 @@ def test_explicit_compose_binary_must_exist(monkeypatch):
     monkeypatch.setenv("MQSTORE_COMPOSE", "/nonexistent/compose")
     with pytest.raises(cl.DrillError, match="not an executable"):
         cl.compose_command()
+
+
+def test_workload_follows_a_new_leader_while_the_old_one_stalls(tmp_path, monkeypatch):
+    """The route refresher: sends started after a new leader claims a higher term go to it,
+    although the old leader never answers (paused), instead of each waiting SEND_TIMEOUT_S."""
+    import threading
+    import time as _time
+    from types import SimpleNamespace
+
+    from deploy.drills import workload as wl
+
+    stalled = threading.Event()
+    state = {"a0": ("LEADER", 1), "a1": ("FOLLOWER", 1), "a2": ("FOLLOWER", 1)}
+
+    class FakeCluster:
+        nodes = {s: SimpleNamespace(api=s) for s in ("a0", "a1", "a2")}
+
+        def refresh(self):
+            pass
+
+        def health(self, s, timeout=1.0):
+            if s == "a0" and stalled.is_set():
+                _time.sleep(timeout)              # a paused container answers nothing
+                return None
+            role, term = state[s]
+            return {"role": role, "term": term}
+
+    sent_to: list[tuple[float, str]] = []
+
+    def fake_http_json(method, url, body=None, timeout=2.0):
+        api = url.split("/")[2]
+        sent_to.append((_time.monotonic(), api))
+        if api == "a0" and stalled.is_set():
+            _time.sleep(timeout)
+            raise OSError("timed out")
+        return 200, {"results": [{"status": "SEND_OK", "queue_id": body["messages"][0]["queue_id"],
+                                  "queue_offset": len(sent_to), "msg_id": "m"}]}
+
+    monkeypatch.setattr(wl, "http_json", fake_http_json)
+    monkeypatch.setattr(wl, "GROUPS", {"broker-a": ("a0", "a1", "a2")})
+    w = wl.Workload(FakeCluster(), "broker-a", "T", 4, wl.History(str(tmp_path / "h.jsonl")),
+                    rate_per_s=40)
+    w.start()
+    try:
+        _time.sleep(0.5)
+        assert {api for _, api in sent_to} == {"a0"}
+        stalled.set()
+        t_fault = _time.monotonic()
+        _time.sleep(0.4)                          # the election takes a moment
+        state["a1"] = ("LEADER", 2)
+        t_elected = _time.monotonic()
+        deadline = t_elected + wl.SEND_TIMEOUT_S
+        while _time.monotonic() < deadline and not any(api == "a1" for _, api in sent_to):
+            _time.sleep(0.02)
+        first_new = next(t for t, api in sent_to if api == "a1")
+        assert first_new - t_elected < 1.0, "sends kept waiting on the stalled leader"
+        assert first_new - t_fault < wl.SEND_TIMEOUT_S
+    finally:
+        w.stop()
+        w.history.close()

@@ -4,7 +4,8 @@ Expected outcome, per scenario (each with at least 30 s of load): no acked messa
 duplicate, phantom or changed read, replicas identical (divergence 0), the store audit ok;
 failover (first ack of a send started after the fault is in place) within 4 s for the DLedger
 group and 8 s for the classic group; disk_full fails sends with a clear disk-full error and
-recovers; ACL is on (an unsigned request is refused with 401, /health stays open).
+recovers; ACL is on (an unsigned request is refused with 401, /health stays open); the cluster
+secret is on (an unsigned controller request is refused with 401, the brokers' signed ones pass).
 Method: one compose project and subnet of its own (a developer's `make up` cluster is left
 alone), the drill runner, `down -v` in a finally even when a test fails. Needs a Docker
 engine and the image: `make test-docker` (or deploy/ci-docker.sh) provides both.
@@ -56,6 +57,23 @@ def test_acl_is_on_by_default(cluster):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 401
+
+
+def test_peer_auth_is_on_by_default(cluster):
+    """The controllers want the cluster secret on their API (but probes and route lookups), and
+    the brokers reached them with it: broker-b has a master, so its heartbeats were accepted."""
+    from deploy.drills.cluster import SECRET_FILE
+    from node.peer_auth import load_secret, sign_request
+    cluster.leader("broker-b", timeout_s=30)
+    api = cluster.nodes["c0"].api
+    with urllib.request.urlopen(f"http://{api}/health", timeout=5) as r:
+        assert r.status == 200
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{api}/metadata", timeout=5)
+    assert e.value.code == 401
+    headers = sign_request(load_secret(secret_file=SECRET_FILE), "ci", "GET", "/metadata")
+    with urllib.request.urlopen(urllib.request.Request(f"http://{api}/metadata", headers=headers), timeout=5) as r:
+        assert r.status == 200
 
 
 def _run(cluster, name: str, tmp_path) -> dict:

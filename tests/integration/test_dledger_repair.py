@@ -158,6 +158,9 @@ def test_follower_flip_is_found_at_recovery_and_repaired_in_place_from_a_peer(gr
         f"http://127.0.0.1:{g.api[follower]}/metrics", timeout=5).read().decode()
     assert "rocketmq_store_corrupt_records_total 1.0" in metrics
     assert "rocketmq_store_corrupt_repaired_total 1.0" in metrics
+    assert "rocketmq_store_repaired_entries_total 1.0" in metrics
+    assert "rocketmq_store_repair_pending_entries 0.0" in metrics
+    assert "rocketmq_store_repair_failures_total" in metrics
     wait(lambda: converged(g, N), 20, "all replicas dispatch every message", g)
     for n in g.nodes:
         assert pull_all(g, n) == [body(i) for i in range(N)], f"{n} served a wrong or missing body"

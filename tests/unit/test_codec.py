@@ -122,3 +122,36 @@ def test_blob_cache_never_confuses_different_ranges():
     assert codec.decode(codec.encode(M.Append(2, "n0", 0, 0, a, 0))).entries == a
     assert codec.decode(codec.encode(M.Append(2, "n0", 0, 0, b, 0))).entries == b
     assert codec.decode(codec.encode(M.Append(2, "n0", 0, 0, a[:2], 0))).entries == a[:2]
+
+
+@pytest.mark.parametrize("n, body_size", [(1, 0), (1, 100), (3, 80), (40, 1000), (70, 1024)])
+def test_append_frame_is_the_length_prefix_and_the_encoded_payload(n, body_size):
+    """encode_frame builds an Append's frame around the cached blob in one join; its bytes are
+    exactly FRAME_LEN + encode(m) for every bin header size (bin8, bin16, bin32)."""
+    from node.store import layout as L
+    for term, leader, prev, commit in ((3, "n0", 5, 4), (2**40, "é" * 40, 2**33, 2**62), (200, "n1", 127, 128)):
+        es = tuple(M.Entry(prev + 1 + k, min(term, 2 + k), E.NORMAL, bytes([k % 256]) * body_size)
+                   for k in range(n))
+        m = M.Append(term, leader, prev, 2 if prev else 0, es, commit)
+        payload = codec.encode(m)
+        framed = codec.encode_frame(m)
+        assert framed == L.FRAME_LEN.pack(len(payload)) + payload
+        assert codec.decode(framed[L.FRAME_LEN.size:]) == m
+    hb = M.Heartbeat(3, "n0", 7)
+    assert codec.encode_frame(hb) == L.FRAME_LEN.pack(len(codec.encode(hb))) + codec.encode(hb)
+
+
+def test_append_entry_term_below_prev_term_is_rejected():
+    """The codec checks term order while it decodes (Append's per-entry loop is skipped)."""
+    with pytest.raises(codec.CodecError, match="out of order"):
+        codec.decode(_raw_append(3, 2, [(1, 1, b"a")]))
+    assert codec.decode(_raw_append(3, 2, [(2, 1, b"a"), (3, 1, b"b")])).entries[1].term == 3
+
+
+def test_append_of_checked_entries_equals_append_and_checks_its_scalars():
+    es = entries(5, [2, 3, 3])
+    assert M.append_of_checked_entries(3, "n0", 5, 2, es, 4) == M.Append(3, "n0", 5, 2, es, 4)
+    for bad in ((0, "n0", 5, 2, es, 4), (3, "", 5, 2, es, 4), (3, "n0", -1, 2, es, 4), (3, "n0", 5, True, es, 4),
+                (3, "n0", 5, 2, es, -1), (3, "n0", 5, 2, (), 4), (3, "n0", 5, 2, list(es), 4)):
+        with pytest.raises(M.InvalidMessage):
+            M.append_of_checked_entries(*bad)

@@ -247,3 +247,71 @@ def test_missing_index_file_in_the_middle_rebuilds_all(tmp_path):
     assert rep.index_rebuilt_from == 1 and rep.last_index == 40
     assert [s2.entry_at(i).index for i in range(1, 41)] == list(range(1, 41))
     s2.close()
+
+
+def test_cached_entries_are_the_stored_ones_or_nothing(tmp_path):
+    """The replay of committed entries reads the in-memory cache directly: the same entries as
+    `entries()`, and [] (the caller reads the disk) for any range not wholly cached."""
+    fs = FaultyFileSystem()
+    s = open_store(fs, str(tmp_path))
+    s.append(mk(1, 30))
+    assert s.cached_entries(3, 31) == s.entries(3, 31, 1 << 30)
+    assert s.cached_entries(5, 6) == s.entries(5, 6, 1 << 30)
+    assert s.cached_entries(3, 32) == [] and s.cached_entries(7, 7) == []
+    s.truncate_from(20)
+    assert s.cached_entries(10, 21) == [] and s.cached_entries(10, 20) == s.entries(10, 20, 1 << 30)
+    s2, _ = reopen(s, fs, str(tmp_path))   # a reopened store has nothing cached
+    assert s2.cached_entries(1, 20) == [] and len(s2.entries(1, 20, 1 << 30)) == 19
+
+
+def test_scan_spans_from_the_cache_equal_the_spans_read_from_the_files(tmp_path):
+    """DLedgerLog.scan_spans serves recent entries from the store's cache: the same records, the
+    same physical offsets and the same next positions as walking the files, across blanks
+    (small files), no-ops, a committed limit inside the log and small byte budgets."""
+    from dledger.dledger_log import DLedgerLog
+    from node.store.scrub import CorruptionRegistry
+    fs = FaultyFileSystem()
+    s = open_store(fs, str(tmp_path))
+    rng = random.Random(9)
+    tail, index = 0, 0
+    for _ in range(60):
+        index += 1
+        if index % 11 == 0:
+            s.append([Entry(index, 1, EntryType.NOOP, b"")])
+            continue
+        d = MessageDraft("T", index % 3, bytes([index % 251]) * rng.randrange(1, 700), {}).seal()
+        pos = place_entry(s.end_pos, L.ENTRY_HEADER.size + d.total_size, SEG)
+        s.append([Entry(index, 1, EntryType.NORMAL, encode_record(d, index, pos + L.ENTRY_HEADER.size, 1,
+                                                                   b"\x7f\x00\x00\x01", 1))])
+
+    def view(store, limit):
+        lg = object.__new__(DLedgerLog)
+        lg.store, lg.corruption, lg._scan_floor, lg._committed_pos = store, CorruptionRegistry(), 0, limit
+        return lg
+
+    def walk(lg, budget):
+        out, pos = [], lg.min_position
+        while pos < lg.committed_position:
+            spans, nxt = lg.scan_spans(pos, budget)
+            assert nxt > pos
+            out.append(([(bytes(b[at:at + n]), phys) for b, at, phys, n in spans], nxt))
+            pos = nxt
+        return out
+
+    s.close()
+    cold = open_store(fs, str(tmp_path))        # nothing cached: every span is read from the files
+    s2 = open_store(fs, str(tmp_path))
+    s2._cache, s2._cache_pos = list(s._cache), list(s._cache_pos)   # the written entries, cached
+    assert s2.cached_spans(s2.start_pos, s2.end_pos, 1 << 20) is not None
+    served, blanks, real = [], [], s2.cached_spans
+
+    def counted(pos, limit, max_bytes):
+        got = real(pos, limit, max_bytes)
+        served.append(got is not None)
+        blanks.append(got is not None and pos not in s2._cache_pos)
+        return got
+    s2.cached_spans = counted
+    for limit in (s2.end_pos, s2.entry_at(37).end):
+        for budget in (1, 900, 3000, 1 << 20):
+            assert walk(view(s2, limit), budget) == walk(view(cold, limit), budget), (limit, budget)
+    assert all(served) and any(blanks)     # the cache served every call, blank tails included

@@ -389,3 +389,73 @@ def test_parse_messages_refuses_what_parse_message_refuses(item, words):
     with pytest.raises(BadRequest) as e:
         parse_messages([{"body": b"ok"}, item])
     assert "messages[1]" in str(e.value) and words in str(e.value)
+
+
+def test_fold_entries_equals_folding_one_by_one():
+    """`_fold_entries` (the replay of committed entries) skips no-ops and short bodies and folds
+    the rest exactly as `_fold_record` does one at a time."""
+    from dledger.dledger_log import _fold_entries, _fold_record
+    from dledger.messages import Entry, EntryType
+    rng = __import__("random").Random(11)
+    es = []
+    for i in range(400):
+        if i % 37 == 0:
+            es.append(Entry(i + 1, 1, EntryType.NOOP, b""))
+            continue
+        d = MessageDraft(rng.choice(["T", "U", "%RETRY%g"]), rng.randrange(4), b"b" * rng.randrange(1, 50),
+                         {"TAGS": "x"}, sys_flag=rng.choice([0, 0, 0, L.SYSFLAG_TRANSACTION_PREPARED_TYPE])).seal()
+        qoff = -1 if not d.is_dispatched else rng.randrange(1000)
+        es.append(Entry(i + 1, 1, EntryType.NORMAL, encode_record(d, qoff, 100 * i, 1, IP, PORT)))
+    es.append(Entry(401, 1, EntryType.NORMAL, b"short"))
+    start = {("T", 0): 500, ("U", 3): 2000}
+    one, batch = QueueOffsetTable(start), QueueOffsetTable(start)
+    for e in es:
+        if e.type is EntryType.NORMAL and len(e.body) >= L.MESSAGE_OVERHEAD:
+            _fold_record(one, e.body)
+    _fold_entries(batch, es)
+    assert one.snapshot() == batch.snapshot()
+
+
+def test_dispatch_fields_view_reads_the_header_fields():
+    rng = __import__("random").Random(3)
+    for _ in range(50):
+        raw = bytes(rng.randrange(256) for _ in range(L.MESSAGE_HEADER.size))
+        h = L.MESSAGE_HEADER.unpack(raw)
+        assert L.MESSAGE_DISPATCH_FIELDS.unpack(raw) == (h[0], h[1], h[3], h[5], h[6], h[7], h[11], h[16])
+
+
+def test_byte_budget_fast_paths_equal_the_entry_by_entry_count():
+    """All entries fit: the C-level sum returns them all; otherwise the loop decides, at least one."""
+    from dledger import raft_storage as RS
+    from dledger import entry_store as ES
+    from dledger.messages import Entry, EntryType
+
+    def slow(entries, max_bytes):
+        out, used = [], 0
+        for e in entries:
+            used += 48 + len(e.body)
+            if out and used > max_bytes:
+                break
+            out.append(e)
+        return out
+
+    rng = __import__("random").Random(5)
+    for _ in range(200):
+        es = [Entry(i + 1, 1, EntryType.NORMAL, b"x" * rng.randrange(0, 300)) for i in range(rng.randrange(1, 20))]
+        budget = rng.randrange(0, 3000)
+        assert RS._take_within_budget(es, budget) == slow(es, budget)
+        assert ES._within_budget(es, budget) == slow(es, budget)
+
+
+def test_dispatcher_run_packs_the_same_units_as_one_pack_per_unit():
+    """A consume-queue run gathers its units' fields and packs them in one struct call: the same
+    bytes as packing each 20-byte unit, for any run length (Structs are cached per length)."""
+    from node.store.dispatcher import _Run
+    rng = __import__("random").Random(2)
+    for n in (1, 2, 7, 256, 1):
+        units = [(rng.randrange(1 << 62), rng.randrange(1 << 31), rng.randrange(-(1 << 63), 1 << 63)) for _ in range(n)]
+        run = _Run(None, 0, *units[0])
+        for u in units[1:]:
+            run.fields += u
+            run.count += 1
+        assert run.packed() == b"".join(L.CQ_UNIT.pack(*u) for u in units)
