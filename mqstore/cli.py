@@ -61,7 +61,10 @@ def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S, context=TLS_CONTEXT) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
-        raise CliError(_describe_error(e)) from None
+        text = _describe_error(e)
+        if e.code == 401 and "cluster secret" in text and not os.environ.get("MQSTORE_CLUSTER_SECRET_FILE"):
+            text += " (set MQSTORE_CLUSTER_SECRET_FILE to the cluster's secret file)"
+        raise CliError(text) from None
     except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
         reason = getattr(e, "reason", e)
         raise CliError(f"cannot reach the node at {endpoint}: {reason}") from None

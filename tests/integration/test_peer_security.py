@@ -300,7 +300,7 @@ def test_controller_refuses_unsigned_requests_and_a_broker_with_the_secret_regis
         finally:
             del os.environ["MQSTORE_CLUSTER_SECRET_FILE"]
             cli.set_tls_ca(None)
-        with pytest.raises(cli.CliError, match="UNAUTHENTICATED|401"):
+        with pytest.raises(cli.CliError, match="UNAUTHENTICATED.*set MQSTORE_CLUSTER_SECRET_FILE"):
             cli.set_tls_ca(pki["ca"])
             try:
                 cli.call(f"127.0.0.1:{api}", "GET", "/groups")
