@@ -543,18 +543,21 @@ class DLedgerLog:
 
 
 def _fold_entries(table: QueueOffsetTable, entries: Sequence) -> None:
-    """`_fold_record` over the NORMAL entries of a batch (every committed entry passes here):
-    one narrow unpack (queue id, queue offset, body length) per record, the highest queue
-    offset per queue kept locally, the table touched once per queue. The same result:
-    folding takes a maximum, so the order does not matter."""
+    """`_fold_records` over the NORMAL entries of a batch that can hold a record."""
+    normal, overhead = EntryType.NORMAL, L.MESSAGE_OVERHEAD
+    _fold_records(table, [e.body for e in entries if e.type is normal and len(e.body) >= overhead])
+
+
+def _fold_records(table: QueueOffsetTable, bodies: Sequence[bytes]) -> None:
+    """`_fold_record` over a batch (every committed entry passes here): one narrow unpack
+    (queue id, queue offset, body length) per record, the highest queue offset per queue kept
+    locally, the table touched once per queue. The same result: folding takes a maximum, so
+    the order does not matter."""
     unpack = _QUEUE_FIELDS.unpack_from
-    normal, overhead, topic_at = EntryType.NORMAL, L.MESSAGE_OVERHEAD, L.MESSAGE_HEADER.size
+    topic_at = L.MESSAGE_HEADER.size
     top: dict[tuple[bytes, int], int] = {}
     get = top.get
-    for e in entries:
-        body = e.body
-        if e.type is not normal or len(body) < overhead:
-            continue
+    for body in bodies:
         qid, qoff, _sys_flag, body_len = unpack(body, _MSG_QID_AT)
         if qoff < 0:
             continue  # prepared / rolled-back transaction message: takes no queue offset
@@ -562,26 +565,6 @@ def _fold_entries(table: QueueOffsetTable, entries: Sequence) -> None:
         key = (body[at + 1:at + 1 + body[at]], qid)
         if qoff > get(key, -1):
             top[key] = qoff
-    _fold_top(table, top)
-
-
-def _fold_records(table: QueueOffsetTable, bodies: Sequence[bytes]) -> None:
-    """`_fold_record` over a batch of record bodies (see `_fold_entries`)."""
-    unpack = _QUEUE_FIELDS.unpack_from
-    topic_at = L.MESSAGE_HEADER.size
-    top: dict[tuple[bytes, int], int] = {}
-    for body in bodies:
-        qid, qoff, _sys_flag, body_len = unpack(body, _MSG_QID_AT)
-        if qoff < 0:
-            continue  # prepared / rolled-back transaction message: takes no queue offset
-        at = topic_at + body_len
-        key = (body[at + 1:at + 1 + body[at]], qid)
-        if qoff > top.get(key, -1):
-            top[key] = qoff
-    _fold_top(table, top)
-
-
-def _fold_top(table: QueueOffsetTable, top: dict[tuple[bytes, int], int]) -> None:
     for (topic_b, qid), qoff in top.items():
         topic = topic_b.decode("ascii", "replace")
         if qoff + 1 > table.get(topic, qid):

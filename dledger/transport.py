@@ -210,7 +210,7 @@ class Transport:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port,
                                                                             ssl=sec.client_ssl), timeout)
         except ssl.SSLError as e:     # the listener's certificate is not trusted, or it refused ours
-            tls.HANDSHAKE_FAILURES.record("raft_dial", e)
+            tls.HANDSHAKE_FAILURES.record("raft_dial", f"{peer.host}:{peer.port}", tls.reason(e))
             raise
         if sec.secret is not None:
             try:

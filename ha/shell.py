@@ -401,7 +401,7 @@ class HAClient:
             reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=self.security.client_ssl),
                                                     CONNECT_TIMEOUT_S)
         except ssl.SSLError as e:     # the master's certificate is not trusted, or it refused ours
-            tls.HANDSHAKE_FAILURES.record("ha_dial", e)
+            tls.HANDSHAKE_FAILURES.record("ha_dial", f"{host}:{port}", tls.reason(e))
             raise
         try:
             if self.security.secret is not None:

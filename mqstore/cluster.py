@@ -44,25 +44,17 @@ class NodeSpec:
         return f"127.0.0.1:{self.api_port}"
 
 
-def _write_private(path: str, text: str) -> None:
-    """`path` with mode 600, through a temp file and a rename."""
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-
-
 def write_security(directory: str) -> tuple[str, str]:
     """acl.json (one admin account) and cluster.secret with fresh random secrets in `directory`;
     returns the admin's (access key, secret key). Both files are checked as the nodes will."""
     from node.acl import parse_acl
-    from node.peer_auth import generate_secret, load_secret
+    from node.peer_auth import generate_secret, load_secret, write_private
     os.makedirs(directory, exist_ok=True)
     secret_key = secrets.token_urlsafe(32)
     doc = {"accounts": [{"accessKey": ADMIN_ACCESS_KEY, "secretKey": secret_key, "admin": True}]}
     parse_acl(json.dumps(doc))
-    _write_private(os.path.join(directory, ACL_FILE), json.dumps(doc, indent=2) + "\n")
-    _write_private(os.path.join(directory, SECRET_FILE), generate_secret() + "\n")
+    write_private(os.path.join(directory, ACL_FILE), json.dumps(doc, indent=2) + "\n")
+    write_private(os.path.join(directory, SECRET_FILE), generate_secret() + "\n")
     load_secret(secret_file=os.path.join(directory, SECRET_FILE))
     return ADMIN_ACCESS_KEY, secret_key
 

@@ -105,6 +105,15 @@ def generate_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+def write_private(path: str, text: str) -> None:
+    """Write a secret-holding file (cluster secret, ACL file): mode 600 from its creation, through
+    a temp file and a rename, so a reader sees the old file or the new one."""
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 # --- proofs ----------------------------------------------------------------------------------------
 def _lp(b: bytes) -> bytes:
     return _LEN.pack(len(b)) + b
@@ -195,15 +204,16 @@ class ClientHandshake:
 class FailureLog:
     """Counts failures per listener; logs at most one line per listener per `interval_s`."""
 
-    def __init__(self, interval_s: float = 1.0):
+    def __init__(self, interval_s: float = 1.0, what: str = "peer auth failed"):
         self.interval_s = interval_s
+        self.what = what                # the log line's opening words
         self.totals: collections.Counter[str] = collections.Counter()
         self._last: dict[str, float] = {}
         self._unlogged: collections.Counter[str] = collections.Counter()
         self._lock = threading.Lock()   # the controller counts from its HTTP loop and tests from others
 
-    def record(self, listener: str, peer: Any, why: str, now: float | None = None) -> bool:
-        """Count one failure; True when it was logged."""
+    def record(self, listener: str, peer: Any, why: Any, now: float | None = None) -> bool:
+        """Count one failure (`peer` None when not known); True when it was logged."""
         now = time.monotonic() if now is None else now
         with self._lock:
             self.totals[listener] += 1
@@ -212,9 +222,13 @@ class FailureLog:
                 return False
             self._last[listener] = now
             skipped = self._unlogged.pop(listener, 0)
-        log.warning("peer auth failed (%s) with %s: %s%s", listener, peer, why,
+        log.warning("%s (%s)%s: %s%s", self.what, listener, "" if peer is None else f" with {peer}", why,
                     f" ({skipped} more failures not logged)" if skipped else "")
         return True
+
+    def get(self, listener: str) -> int:
+        with self._lock:
+            return self.totals[listener]
 
 
 FAILURES = FailureLog()

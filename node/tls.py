@@ -21,17 +21,12 @@ which is why the dialling side of peer links counts its own failures too (`raft_
 
 from __future__ import annotations
 
-import collections
-import logging
 import os
 import ssl
-import threading
-import time
 from typing import Any, Iterator
 
 from node.config import ConfigError
-
-log = logging.getLogger(__name__)
+from node.peer_auth import FailureLog
 
 # The label set of the failure counter: the listeners, and the dialling side of peer links.
 LISTENERS = ("api", "raft", "ha", "controller", "raft_dial", "ha_dial")
@@ -106,35 +101,8 @@ def client_context_from_env(ca_file: str | None = None) -> ssl.SSLContext | None
 
 
 # --- failed handshakes --------------------------------------------------------------------------
-class HandshakeFailures:
-    """Failed TLS handshakes per listener; one warning per listener per `interval_s` at most."""
-
-    def __init__(self, interval_s: float = 1.0):
-        self.interval_s = interval_s
-        self.totals: collections.Counter[str] = collections.Counter()
-        self._last: dict[str, float] = {}
-        self._unlogged: collections.Counter[str] = collections.Counter()
-        self._lock = threading.Lock()   # the controller's pysyncobj thread and tests' loops share it
-
-    def record(self, listener: str, err: BaseException) -> None:
-        assert listener in LISTENERS, listener
-        now = time.monotonic()
-        with self._lock:
-            self.totals[listener] += 1
-            if now - self._last.get(listener, float("-inf")) < self.interval_s:
-                self._unlogged[listener] += 1
-                return
-            self._last[listener] = now
-            skipped = self._unlogged.pop(listener, 0)
-        log.warning("TLS handshake failed on the %s listener: %s%s", listener, getattr(err, "reason", None) or err,
-                    f" ({skipped} more failures not logged)" if skipped else "")
-
-    def get(self, listener: str) -> int:
-        with self._lock:
-            return self.totals[listener]
-
-
-HANDSHAKE_FAILURES = HandshakeFailures()
+# Counted per listener, one warning per listener a second at most (peer_auth.FailureLog).
+HANDSHAKE_FAILURES = FailureLog(what="TLS handshake failed")
 
 
 def _counting_class(listener: str) -> type[ssl.SSLObject]:
@@ -147,7 +115,7 @@ def _counting_class(listener: str) -> type[ssl.SSLObject]:
             except _IN_PROGRESS:
                 raise
             except ssl.SSLError as e:   # certificate verification, peer alerts, not TLS at all
-                HANDSHAKE_FAILURES.record(listener, e)
+                HANDSHAKE_FAILURES.record(listener, None, reason(e))
                 raise
 
     CountingSSLObject.__qualname__ = f"CountingSSLObject[{listener}]"
@@ -155,6 +123,11 @@ def _counting_class(listener: str) -> type[ssl.SSLObject]:
 
 
 _COUNTING = {name: _counting_class(name) for name in LISTENERS}
+
+
+def reason(err: BaseException) -> str:
+    """The short words of a TLS error (ssl's `reason`, e.g. CERTIFICATE_VERIFY_FAILED)."""
+    return getattr(err, "reason", None) or str(err)
 
 
 def count_failures(ctx: ssl.SSLContext | None, listener: str) -> ssl.SSLContext | None:
@@ -168,7 +141,7 @@ def count_failures(ctx: ssl.SSLContext | None, listener: str) -> ssl.SSLContext 
 class HandshakeFailuresCollector:
     """`rocketmq_tls_handshake_failures_total{listener}` for a node's or controller's registry."""
 
-    def __init__(self, failures: HandshakeFailures = HANDSHAKE_FAILURES):
+    def __init__(self, failures: FailureLog = HANDSHAKE_FAILURES):
         self.failures = failures
 
     def collect(self) -> Iterator[Any]:

@@ -48,6 +48,7 @@ def ensure_acl_file(path: str = ACL_FILE) -> str:
     topic, SUB on every group) for applications. The file is gitignored and kept out of the
     image (.dockerignore); it is bind-mounted read-only into each broker."""
     from node.acl import AclFileError, parse_acl
+    from node.peer_auth import write_private
     if os.path.exists(path):
         if os.path.isdir(path):
             raise DrillError(f"{path} is a directory (a compose run without the file creates one); remove it")
@@ -63,17 +64,9 @@ def ensure_acl_file(path: str = ACL_FILE) -> str:
         {"accessKey": "app-client", "secretKey": secrets.token_urlsafe(32),
          "defaultTopicPerm": "PUB|SUB", "defaultGroupPerm": "SUB"}]}
     parse_acl(json.dumps(doc))           # the nodes refuse to start on a file they cannot parse
-    _write_private(path, json.dumps(doc, indent=2))
-    return path
-
-
-def _write_private(path: str, text: str) -> None:
-    """Write `path` (mode 0600) through a temp file and a rename."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    write_private(path, json.dumps(doc, indent=2))
+    return path
 
 
 def ensure_secret_file(path: str = SECRET_FILE) -> str:
@@ -81,7 +74,7 @@ def ensure_secret_file(path: str = SECRET_FILE) -> str:
     controllers' signed API; docs/security.md) with a fresh random value unless it exists.
 
     Gitignored, kept out of the image, bind-mounted read-only into every broker and controller."""
-    from node.peer_auth import generate_secret, load_secret
+    from node.peer_auth import generate_secret, load_secret, write_private
     if os.path.isdir(path):
         raise DrillError(f"{path} is a directory (a compose run without the file creates one); remove it")
     if os.path.exists(path):
@@ -90,7 +83,8 @@ def ensure_secret_file(path: str = SECRET_FILE) -> str:
         except ValueError as e:
             raise DrillError(f"the cluster secret file {path} is not usable: {e}") from None
         return path
-    _write_private(path, generate_secret() + "\n")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_private(path, generate_secret() + "\n")
     return path
 
 

@@ -100,10 +100,11 @@ class _Run:
         if s is None:
             if len(_RUN_STRUCTS) >= _MAX_RUN_STRUCTS:
                 _RUN_STRUCTS.clear()
-            s = _RUN_STRUCTS[n] = struct.Struct(">" + _CQ_UNIT.format.lstrip("<>!=@") * n)
+            s = _RUN_STRUCTS[n] = struct.Struct(_CQ_ORDER + _CQ_FIELDS * n)
         return s.pack(*self.fields)
 
 
+_CQ_ORDER, _CQ_FIELDS = _CQ_UNIT.format[0], _CQ_UNIT.format[1:]   # byte order, one unit's fields
 _RUN_STRUCTS: dict[int, struct.Struct] = {}     # units per run -> Struct of that many CQ units
 _MAX_RUN_STRUCTS = 1024
 

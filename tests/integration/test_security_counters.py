@@ -59,16 +59,6 @@ def status_of(port: int, ctx: ssl.SSLContext) -> int | None:
         return None
 
 
-def until(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"timed out: {what}")
-
-
 def closed_at_once(port: int) -> bool:
     with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
         try:
@@ -87,14 +77,14 @@ def test_tls_node_counts_failed_handshakes_and_caps_connections(tmp_path, pki):
     node = lc.NodeProc(lc.write_conf(str(tmp_path / "n.conf"), lines), port, str(tmp_path / "n.log"), "n").launch()
     ctx = tls.client_context(pki["ca"])
     try:
-        until(lambda: status_of(port, ctx) == 200, 30, "node /health over TLS")
+        lc.wait_for(lambda: status_of(port, ctx) == 200, 30, "node /health over TLS")
         base = tls_failures(port, ctx, "api")
 
         plain_request(port)
-        until(lambda: tls_failures(port, ctx, "api") >= base + 1, 5, "the plain request counted")
+        lc.wait_for(lambda: tls_failures(port, ctx, "api") >= base + 1, 5, "the plain request counted")
         with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
             https(port, "GET", "/health", ctx=tls.client_context(pki["other-ca"]))
-        until(lambda: tls_failures(port, ctx, "api") >= base + 2, 5, "the untrusting client counted")
+        lc.wait_for(lambda: tls_failures(port, ctx, "api") >= base + 2, 5, "the untrusting client counted")
         time.sleep(0.3)
         assert tls_failures(port, ctx, "api") == base + 2, "the successful scrapes are not failures"
 
@@ -106,7 +96,7 @@ def test_tls_node_counts_failed_handshakes_and_caps_connections(tmp_path, pki):
         finally:
             for s in silent:
                 s.close()
-        until(lambda: status_of(port, ctx) == 200, 5, "served again once they went")
+        lc.wait_for(lambda: status_of(port, ctx) == 200, 5, "served again once they went")
         assert rejections(port, ctx, "http_connections") == refused + 1
 
         assert https(port, "POST", "/topics", {"topic": "One", "queues": 1}, ctx)[0] == 200
@@ -132,10 +122,10 @@ def test_tls_controller_counts_failed_handshakes(tmp_path, pki):
     ctl = lc.Proc(argv, str(tmp_path / "ctl.log"), "controller").start()
     ctx = tls.client_context(pki["ca"])
     try:
-        until(lambda: status_of(api, ctx) in (200, 503), 20, "controller /health over TLS")
+        lc.wait_for(lambda: status_of(api, ctx) in (200, 503), 20, "controller /health over TLS")
         base = tls_failures(api, ctx, "controller")
         plain_request(api)
-        until(lambda: tls_failures(api, ctx, "controller") >= base + 1, 5, "the plain request counted")
+        lc.wait_for(lambda: tls_failures(api, ctx, "controller") >= base + 1, 5, "the plain request counted")
         assert tls_failures(api, ctx, "api") == 0
     finally:
         ctl.stop()

@@ -88,7 +88,7 @@ def test_run_loop_survives_a_full_disk(tmp_path):
     s.close()
 
 
-def test_regression_cq_and_index_enospc_pauses_dispatch_instead_of_stopping_the_node(tmp_path):
+def test_regression_cq_and_index_enospc_pauses_dispatch_instead_of_stopping_the_node(tmp_path, monkeypatch):
     """Found by the disk_full drill (180 s matrix): with the classic node's disk at 100 %, an
     index-file write failed with "[Errno 28] short write to /store/index/...", the dispatcher
     task died and the node stopped. Now the batch is retried until there is room; the queues
@@ -124,13 +124,8 @@ def test_regression_cq_and_index_enospc_pauses_dispatch_instead_of_stopping_the_
         except asyncio.CancelledError:
             pass
 
-    import node.store.dispatcher as dispatcher_mod
-    old = dispatcher_mod.DISK_FULL_RETRY_S
-    dispatcher_mod.DISK_FULL_RETRY_S = 0.05
-    try:
-        asyncio.run(scenario())
-    finally:
-        dispatcher_mod.DISK_FULL_RETRY_S = old
+    monkeypatch.setattr("node.store.dispatcher.DISK_FULL_RETRY_S", 0.05)
+    asyncio.run(scenario())
     assert s.d.position == log.committed_position
     assert cq_contents(s) == expected_cqs(log)
     for i in (3, 6, 25, 39):

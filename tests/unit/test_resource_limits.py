@@ -21,6 +21,7 @@ from aiohttp import web
 from node.api_site import LimitedSite
 from node.config import BrokerConfig, ConfigError, from_properties
 from node.limits import LimitExceeded, check_new_name, reserve
+from tests.integration.test_peer_security import pki  # noqa: F401 - fixture
 from tests.unit.test_api import api_test, make_app, setup_topic
 from tests.unit.test_broker import make_broker
 from tests.unit.test_limits import Counted
@@ -244,16 +245,6 @@ def test_connections_past_max_http_connections_are_closed_at_once_and_counted():
         finally:
             await runner.cleanup()
     asyncio.run(go())
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    import trustme
-    d = tmp_path_factory.mktemp("pki")
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(d / "ca.pem"))
-    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(str(d / "node.pem"))
-    return {"ca": str(d / "ca.pem"), "node": str(d / "node.pem")}
 
 
 def test_tls_connections_in_the_handshake_count_against_the_cap(pki):
