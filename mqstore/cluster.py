@@ -82,6 +82,7 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
             "brokerId=0",
             "brokerIP1=127.0.0.1",
             f"listenPort={s.api_port}",
+            f"streamListenPort={s.api_port - 2}",     # the produce stream, at RocketMQ's fast-channel port
             f"storePathRootDir={s.store_dir}",
             "flushDiskType=ASYNC_FLUSH",
             "mappedFileSizeCommitLog=67108864",

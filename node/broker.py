@@ -625,13 +625,51 @@ class Broker:
         """`send`, with each result as a `(status, msg_id, offset_msg_id, queue_id, queue_offset)`
         tuple (SendResult's fields in order): the batched HTTP path renders these directly."""
         cfg = await self._topic_for_send(topic)
+        drafts, body_bytes = self._request_drafts(cfg, messages, self.clock_ms())
+        return await self._append_rows(cfg, drafts, body_bytes)
+
+    async def send_coalesced(self, topic: Any, requests: Sequence[Sequence[OutgoingMessage]]
+                             ) -> list[list[tuple[str, str, str, int, int]] | StoreError]:
+        """Several send requests for one topic as one log append (the produce stream's path:
+        the requests that arrived together on a connection). Each request is checked on its own,
+        as `send_rows` would check it: a refused request gets its error in its place and the
+        others are appended. Each request's messages stay contiguous and in order, so each is
+        as atomic as a `send_rows` batch. An error of the topic or of the append itself is
+        raised: it is every request's answer."""
+        cfg = await self._topic_for_send(topic)
+        now_ms = self.clock_ms()
+        out: list[list[tuple[str, str, str, int, int]] | StoreError] = []
+        spans: list[tuple[int, int, int]] = []     # (index in out, first draft, drafts)
+        drafts: list[MessageDraft] = []
+        body_bytes = 0
+        for messages in requests:
+            try:
+                ds, nbytes = self._request_drafts(cfg, messages, now_ms)
+            except StoreError as e:
+                out.append(e)
+                continue
+            spans.append((len(out), len(drafts), len(ds)))
+            out.append([])
+            drafts += ds
+            body_bytes += nbytes
+        if drafts:
+            rows = await self._append_rows(cfg, drafts, body_bytes)
+            for at, first, n in spans:
+                out[at] = rows[first:first + n]
+        return out
+
+    def _request_drafts(self, cfg: TopicConfig, messages: Sequence[OutgoingMessage],
+                        now_ms: int) -> tuple[list[MessageDraft], int]:
+        """One request's sealed drafts (its count checked, one queue for those that name none)."""
         if not messages:
             raise BadRequest("messages must hold at least one message")
         if len(messages) > self.config.max_batch_messages:
             raise BadRequest(f"{len(messages)} messages in one request; the limit is {self.config.max_batch_messages}")
         default_qid = next(self._round_robin.setdefault(cfg.topic, itertools.count())) % cfg.write_queue_nums
-        now_ms = self.clock_ms()   # one born timestamp for the messages of a batch that carry none
-        drafts, body_bytes = self._drafts(cfg, messages, default_qid, now_ms)
+        return self._drafts(cfg, messages, default_qid, now_ms)
+
+    async def _append_rows(self, cfg: TopicConfig, drafts: list[MessageDraft],
+                           body_bytes: int) -> list[tuple[str, str, str, int, int]]:
         packed = getattr(self.log, "append_packed", None)
         t0 = time.monotonic()
         if packed is not None:   # one status and store time for the whole batch, (phys, size, qoff) each
@@ -1018,6 +1056,8 @@ class Broker:
                 out[k] = st[k]
         if "leader" not in out and self.log.leader() is not None:
             out["leader"] = self.log.leader()
+        if self.config.stream_listen_port:
+            out["stream_port"] = self.config.stream_listen_port   # the produce stream (node/produce_stream.py)
         return out
 
     def cluster(self) -> dict[str, Any]:

@@ -85,6 +85,10 @@ class BrokerConfig:
     # --- network --------------------------------------------------------------------------
     # HTTP API port (RocketMQ's remoting port); /metrics is served here too.
     listen_port: int = _key("listenPort", 10911)
+    # (ours) Produce stream port: a pipelined binary send channel beside the HTTP API
+    # (node/produce_stream.py), what the client SDK sends on when /health names it; 0 = off.
+    # RocketMQ's fast channel sits at listenPort - 2 (10909), a good choice here too.
+    stream_listen_port: int = _key("streamListenPort", 0)
     # Address the API binds to (RocketMQ NettyServerConfig.bindAddress).
     bind_address: str = _key("bindAddress", "0.0.0.0")
     # Address this node advertises (in offsetMsgId, leader hints). IPv4.
@@ -179,6 +183,8 @@ class BrokerConfig:
     # (ours) Client HTTP connections open at once on the API port, TLS handshakes in progress included;
     # beyond it a new connection is closed on accept.
     max_http_connections: int = _key("maxHttpConnections", 4096)
+    # (ours) Produce stream connections open at once (TLS handshakes included); beyond it closed on accept.
+    max_stream_connections: int = _key("maxStreamConnections", 1024)
     # Delay levels for scheduled messages and retries (RocketMQ's messageDelayLevel).
     message_delay_level: str = _key("messageDelayLevel",
                                     "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h")
@@ -363,6 +369,8 @@ _CHECKS = (
     _in_range("broker_id", 0, 1_000),
     _in_range("listen_port", 1, 65535),
     _in_range("ha_listen_port", 1, 65535),
+    _in_range("stream_listen_port", 0, 65535),
+    _in_range("max_stream_connections", 1, 1_000_000),
     _in_range("flush_interval_commit_log_ms", 1, 60_000),
     _in_range("sync_flush_timeout_ms", 1, 600_000),
     _in_range("mapped_file_size_commit_log", 4096, 1 << 40),

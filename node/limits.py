@@ -14,13 +14,15 @@ Every limit is a broker.conf key (node/config.py) and every refusal is counted i
 | properties_bytes       | maxPropertiesBytes (<= 32,767)       | 400 LIMIT_EXCEEDED                        |
 | keys_count             | maxKeysPerMessage                    | 400 LIMIT_EXCEEDED                        |
 | topic_name, group_name | fixed: 127 / 120 chars of [%|a-zA-Z0-9_-] | 400 LIMIT_EXCEEDED (path parameters)  |
-| inflight_per_client    | maxInflightRequestsPerClient         | 429 LIMIT_EXCEEDED, retriable             |
+| inflight_per_client    | maxInflightRequestsPerClient         | 429 LIMIT_EXCEEDED, retriable; on a produce stream the node stops reading that connection until answers drain |
 | long_poll_waiters      | longPollingMaxWaiters                | the pull answers at once (short polling)  |
 | raft_connections       | raftMaxInboundConnections            | the connection is closed on accept        |
 | ha_connections         | haMaxConnections                     | the connection is closed on accept        |
 | topics                 | maxTopics                            | 400 LIMIT_EXCEEDED; nothing is created    |
 | consumer_groups        | maxConsumerGroups                    | 400 LIMIT_EXCEEDED (a new group only)     |
 | http_connections       | maxHttpConnections                   | the connection is closed on accept        |
+| stream_connections     | maxStreamConnections                 | the connection is closed on accept        |
+| stream_frame_bytes     | maxRequestBytes (a frame's payload)  | ERROR frame, then the connection closes   |
 
 HTTP/1.1 serves one request at a time per connection, so a connection never has more
 than one request in flight; the per-client bound (by remote address) covers clients that
@@ -59,7 +61,8 @@ from node.store.errors import BadRequest, MessageTooLarge
 LIMIT_NAMES = ("request_bytes", "message_size", "batch_messages", "properties_count", "property_name_bytes",
                "property_value_bytes", "properties_bytes", "keys_count", "topic_name", "group_name",
                "inflight_per_client", "long_poll_waiters", "raft_connections", "ha_connections",
-               "topics", "consumer_groups", "http_connections")
+               "topics", "consumer_groups", "http_connections", "stream_connections",
+               "stream_frame_bytes")
 _NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 
 

@@ -206,7 +206,14 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     await LimitedSite(runner, config.bind_address, config.listen_port, reuse_address=True,
                       max_connections=config.max_http_connections,
                       ssl_context=tls.count_failures(tls.api_server_context(config), "api")).start()
+    stream = None
+    if config.stream_listen_port:
+        from node.produce_stream import StreamServer, gate_from_config
+        stream = StreamServer(broker, gate_from_config(config),
+                              tls.count_failures(tls.api_server_context(config), "stream"))
+        await stream.start(config.bind_address, config.stream_listen_port)
     log.info("node serving", extra={"api": f"{config.bind_address}:{config.listen_port}", "mode": broker.log.mode,
+                                    "stream": config.stream_listen_port or None,
                                     "store": config.store_root, "startup_s": round(time.monotonic() - t0, 3)})
     watcher = asyncio.create_task(_watch_fatal(broker, stop_event))
     from ha.wiring import start_controller_reporter
@@ -214,6 +221,8 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     await stop_event.wait()
     watcher.cancel()
     log.info("stopping")
+    if stream is not None:
+        await stream.stop()
     await runner.cleanup()
     if reporter is not None:
         await reporter.stop()

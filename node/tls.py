@@ -29,7 +29,7 @@ from node.config import ConfigError
 from node.peer_auth import FailureLog
 
 # The label set of the failure counter: the listeners, and the dialling side of peer links.
-LISTENERS = ("api", "raft", "ha", "controller", "raft_dial", "ha_dial")
+LISTENERS = ("api", "stream", "raft", "ha", "controller", "raft_dial", "ha_dial")
 # Raised by do_handshake while a handshake is still in progress (asyncio retries on these).
 _IN_PROGRESS = (ssl.SSLWantReadError, ssl.SSLWantWriteError, ssl.SSLSyscallError)
 

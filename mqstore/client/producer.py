@@ -224,7 +224,8 @@ class AsyncProducer:
         group = self.routes.group(mq.broker_name)
         doc = {"messages": [m.to_wire(mq.queue_id) for m in msgs]}
         try:
-            reply = await self.transport.call(group, "POST", f"/topics/{mq.topic}/messages", doc, timeout_s=timeout_s)
+            reply = await self.transport.call(group, "POST", f"/topics/{mq.topic}/messages", doc, timeout_s=timeout_s,
+                                              stream_topic=mq.topic)
         except MQBrokerError as e:
             if e.code in ("TOPIC_NOT_EXIST", "BAD_REQUEST", "NO_PERMISSION"):
                 self.routes.invalidate(mq.topic)      # the route may be stale (queue count or permission changed)

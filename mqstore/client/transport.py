@@ -20,6 +20,7 @@ import aiohttp
 import msgpack
 
 from mqstore.client.errors import MQBrokerError, MQConfigError, MQConnectError
+from mqstore.client.stream import StreamConnection, StreamRefused
 from node.acl import sign_headers
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class Transport:
     the nodes against that PEM CA file (tlsEnable nodes)."""
 
     def __init__(self, request_timeout_s: float = 5.0, access_key: str | None = None,
-                 secret_key: str | None = None, tls_ca: str | None = None):
+                 secret_key: str | None = None, tls_ca: str | None = None, stream: bool | None = None):
         if request_timeout_s <= 0:
             raise MQConfigError("request_timeout_s must be > 0")
         self.request_timeout_s = request_timeout_s
@@ -82,6 +83,11 @@ class Transport:
             raise MQConfigError(str(e)) from None
         self.scheme = "https" if self.ssl_context is not None else "http"
         self._session: aiohttp.ClientSession | None = None
+        # Sends go on a node's produce stream when its /health names one (MQSTORE_STREAM=0: never).
+        self.stream = stream if stream is not None else os.environ.get("MQSTORE_STREAM", "1") != "0"
+        self._stream_ports: dict[str, int | None] = {}       # API address -> stream port (None: none)
+        self._streams: dict[str, StreamConnection] = {}
+        self._opening: dict[str, asyncio.Lock] = {}
 
     async def start(self) -> None:
         if self._session is None:
@@ -89,16 +95,58 @@ class Transport:
                 limit=256, ssl=self.ssl_context if self.ssl_context is not None else True))
 
     async def close(self) -> None:
+        for conn in self._streams.values():
+            conn.close()
+        self._streams.clear()
         if self._session is not None:
             await self._session.close()
             self._session = None
 
+    async def _stream_to(self, addr: str, timeout_s: float) -> StreamConnection | None:
+        """The open produce stream to the node at API address `addr`, opened on first use;
+        None when the node has none (asked once, on /health). OSError when it cannot connect."""
+        conn = self._streams.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        lock = self._opening.setdefault(addr, asyncio.Lock())
+        async with lock:
+            conn = self._streams.get(addr)
+            if conn is not None and not conn.closed:
+                return conn
+            if addr not in self._stream_ports:
+                health = await self._http(addr, "GET", "/health", None, {}, {"Accept": MSGPACK}, timeout_s)
+                port = health[1].get("stream_port")
+                self._stream_ports[addr] = port if isinstance(port, int) and port > 0 else None
+            port = self._stream_ports[addr]
+            if port is None:
+                return None
+            host = addr.rpartition(":")[0]
+            conn = await StreamConnection.open(host, port, ssl_context=self.ssl_context, access_key=self.access_key,
+                                               secret_key=self.secret_key, timeout_s=timeout_s)
+            self._streams[addr] = conn
+            return conn
+
+    async def _http(self, addr: str, method: str, path: str, data: bytes | None, query: dict[str, str],
+                    headers: dict[str, str], timeout_s: float) -> tuple[int, dict[str, Any]]:
+        assert self._session is not None, "transport not started"
+        async with self._session.request(method, f"{self.scheme}://{addr}{path}", data=data, params=query,
+                                         headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            raw = await resp.read()
+            return resp.status, _decode(raw, resp.content_type)
+
     async def call(self, group: BrokerGroup, method: str, path: str, doc: Any = None,
-                   params: dict[str, Any] | None = None, timeout_s: float | None = None) -> dict[str, Any]:
-        """One request to the group's leader; retries NOT_LEADER and unreachable nodes until the deadline."""
+                   params: dict[str, Any] | None = None, timeout_s: float | None = None,
+                   stream_topic: str | None = None) -> dict[str, Any]:
+        """One request to the group's leader; retries NOT_LEADER and unreachable nodes until the deadline.
+        With `stream_topic` (a send, `doc` its body) it goes on the node's produce stream when there is one."""
         assert self._session is not None, "transport not started"
         budget = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
+        if stream_topic is not None and self.stream:
+            try:
+                return await self._call_stream(group, stream_topic, doc, deadline, budget)
+            except _NoStream:
+                pass
         data = msgpack.packb(doc, use_bin_type=True) if doc is not None else None
         headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
@@ -113,38 +161,84 @@ class Transport:
                 headers = {**headers, **sign_headers(self.access_key, self.secret_key or "", method, path, query,
                                                      data, int(time.time() * 1000))}
             try:
-                async with self._session.request(method, f"{self.scheme}://{addr}{path}", data=data, params=query,
-                                                 headers=headers,
-                                                 timeout=aiohttp.ClientTimeout(total=left)) as resp:
-                    raw = await resp.read()
-                    status = resp.status
-                    ctype = resp.content_type
+                status, body = await self._http(addr, method, path, data, query, headers, left)
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
                 last = e
-                group.failed(addr)
                 refused += 1
-                if refused >= len(group.addrs):
+                if await _unreachable(group, addr, refused, deadline):
                     break           # every node of the group is unreachable: fail fast, let the caller retry
-                await asyncio.sleep(min(ELECTION_BACKOFF_S, max(0.0, deadline - time.monotonic())))
                 continue
             refused = 0
-            body = _decode(raw, ctype)
             if status < 400:
                 group.leader = addr
                 return body
-            err = MQBrokerError(str(body.get("error", "HTTP_ERROR")), str(body.get("message", raw[:200])),
-                                bool(body.get("retriable", False)), body.get("leader"), status, addr)
-            if err.code != "NOT_LEADER":
-                raise err
-            last = err
-            if err.leader and err.leader != addr:
-                group.redirect(err.leader)
+            last = await _refused(group, addr, status, body, deadline)
+        raise _gave_up(group, budget, last)
+
+    async def _call_stream(self, group: BrokerGroup, topic: str, doc: Any, deadline: float,
+                           budget: float) -> dict[str, Any]:
+        """`call` for a send on produce streams, with its redirects and retries; _NoStream
+        when the node to try has no stream (the caller goes on over HTTP)."""
+        last: Exception | None = None
+        refused = 0
+        for _hop in range(MAX_HOPS):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            addr = group.target()
+            try:
+                conn = await self._stream_to(addr, left)
+                if conn is None:
+                    raise _NoStream()
+                status, body = await asyncio.wait_for(conn.send(topic, doc), left)
+            except StreamRefused as e:
+                status, body = e.status, e.doc     # e.g. a HELLO refused: that is the answer
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+                last = e
+                refused += 1
+                if await _unreachable(group, addr, refused, deadline):
+                    break
                 continue
-            group.failed(addr)     # no leader known yet: an election is running
-            await asyncio.sleep(min(ELECTION_BACKOFF_S, max(0.0, deadline - time.monotonic())))
-        if isinstance(last, MQBrokerError):
-            raise MQConnectError(f"no leader of broker group {group.name!r} answered within {budget:.1f}s: {last}")
-        raise MQConnectError(f"broker group {group.name!r} ({', '.join(group.addrs)}) unreachable: {last!r}")
+            refused = 0
+            if status < 400:
+                group.leader = addr
+                return body
+            last = await _refused(group, addr, status, body, deadline)
+        raise _gave_up(group, budget, last)
+
+
+class _NoStream(Exception):
+    """The node has no produce stream: send over HTTP."""
+
+
+async def _unreachable(group: BrokerGroup, addr: str, refused: int, deadline: float) -> bool:
+    """Move past a node that could not be reached; True when every node of the group failed in a row."""
+    group.failed(addr)
+    if refused >= len(group.addrs):
+        return True
+    await asyncio.sleep(min(ELECTION_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+    return False
+
+
+async def _refused(group: BrokerGroup, addr: str, status: int, body: dict[str, Any], deadline: float) -> MQBrokerError:
+    """An error answer: raised unless it is NOT_LEADER, which moves to the hinted leader (or
+    waits out an election) and is returned as the last error seen."""
+    err = MQBrokerError(str(body.get("error", "HTTP_ERROR")), str(body.get("message", ""))[:500],
+                        bool(body.get("retriable", False)), body.get("leader"), status, addr)
+    if err.code != "NOT_LEADER":
+        raise err
+    if err.leader and err.leader != addr:
+        group.redirect(err.leader)
+        return err
+    group.failed(addr)     # no leader known yet: an election is running
+    await asyncio.sleep(min(ELECTION_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+    return err
+
+
+def _gave_up(group: BrokerGroup, budget: float, last: Exception | None) -> MQConnectError:
+    if isinstance(last, MQBrokerError):
+        return MQConnectError(f"no leader of broker group {group.name!r} answered within {budget:.1f}s: {last}")
+    return MQConnectError(f"broker group {group.name!r} ({', '.join(group.addrs)}) unreachable: {last!r}")
 
 
 def _decode(raw: bytes, ctype: str) -> dict[str, Any]:

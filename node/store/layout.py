@@ -209,6 +209,14 @@ FRAME_LEN, _ = _layout(
 )
 assert FRAME_LEN.size == 4
 
+# --- Produce stream frames (the client's pipelined send channel, streamListenPort) -----------
+STREAM_FRAME_HEADER, _ = _layout(
+    ("length", "I"),            # bytes of msgpack payload that follow; checked against a cap first
+    ("kind", "B"),              # node/stream_frames.py: HELLO, HELLO_OK, SEND, RESULT, ERROR
+    ("request_id", "I"),        # chosen by the client; a RESULT or ERROR names the request it answers
+)
+assert STREAM_FRAME_HEADER.size == 9
+
 # --- Limits (DESIGN section 3) ---------------------------------------------------------------
 MAX_BODY_BYTES_DEFAULT = 4 * 1024 * 1024
 MAX_PROPERTIES_BYTES = 32_767

@@ -1,0 +1,154 @@
+"""The client end of a node's produce stream (node/produce_stream.py, node/stream_frames.py).
+
+One `StreamConnection` per node: sends are written as SEND frames without waiting for
+earlier ones, each awaits its own RESULT or ERROR by request id. `send()` answers the
+same `(status, doc)` an HTTP POST /topics/{topic}/messages would, so the transport treats
+both alike. At most `max_inflight` requests are unanswered at once (the node's own bound,
+learnt from HELLO_OK); a caller beyond it waits for room. A lost connection fails every
+request in flight with ConnectionError: the node may or may not have stored those
+messages, as with an HTTP request that timed out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Any
+
+from node import stream_frames as F
+from node.acl import sign_headers
+
+REQUEST_ID_MAX = 0xFFFF_FFFF
+
+
+class StreamRefused(Exception):
+    """The node refused the HELLO (or the connection): its ERROR `status` and `doc`."""
+
+    def __init__(self, status: int, doc: dict[str, Any]):
+        super().__init__(f"{doc.get('error')}: {doc.get('message')}")
+        self.status, self.doc = status, doc
+
+
+class StreamConnection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.reader = F.FrameReader(64 * 1024 * 1024)
+        self.pending: dict[int, asyncio.Future] = {}
+        self.max_inflight = 1
+        self.max_frame_bytes = 0
+        self.node_id = ""
+        self._next_id = 0
+        self._lost: BaseException | None = None
+        self._room = asyncio.Event()
+        self._room.set()
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._waiters = 0
+
+    @classmethod
+    async def open(cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
+                   access_key: str | None = None, secret_key: str | None = None,
+                   timeout_s: float = 5.0) -> "StreamConnection":
+        """Connect and say HELLO (signed when `access_key` is given); OSError on failure, and
+        ConnectionRefusedError with the node's words when it refuses the HELLO."""
+        loop = asyncio.get_running_loop()
+        _t, conn = await asyncio.wait_for(loop.create_connection(cls, host, port, ssl=ssl_context), timeout_s)
+        try:
+            hello: dict[str, str] = {}
+            if access_key:
+                hello = sign_headers(access_key, secret_key or "", F.STREAM_METHOD, F.STREAM_TARGET, None, b"",
+                                     int(time.time() * 1000))
+            status, doc = await asyncio.wait_for(conn._request(F.HELLO, hello), timeout_s)
+            if status >= 400:
+                raise StreamRefused(status, doc)
+            conn.max_inflight = max(1, int(doc.get("max_inflight", 1)))
+            conn.max_frame_bytes = int(doc.get("max_frame_bytes", 0))
+            conn.node_id = str(doc.get("node_id", ""))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    # --- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self._lost = exc or ConnectionResetError("the node closed the produce stream")
+        self._fail_all(self._lost)
+        self._can_write.set()
+        self._room.set()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.reader.feed(data)
+        except F.FrameError as e:
+            self._fail_all(ConnectionError(f"bad frame from the node: {e}"))
+            self.close()
+            return
+        pending = self.pending
+        for kind, rid, payload in frames:
+            try:
+                doc = F.decode_payload(payload)
+            except F.FrameError as e:
+                doc = {"error": "BAD_RESPONSE", "message": str(e), "status": 502}
+                kind = F.ERROR
+            if rid == F.CONNECTION and kind == F.ERROR and isinstance(doc, dict):   # the node is closing it
+                self._lost = StreamRefused(int(doc.get("status", 500)), doc)
+                for fut in self.pending.values():
+                    if not fut.done():
+                        fut.set_result((int(doc.get("status", 500)), doc))
+                self.pending = pending = {}
+                continue
+            fut = pending.pop(rid, None)
+            if fut is None or fut.done():
+                continue
+            if kind == F.ERROR:
+                fut.set_result((int(doc.get("status", 500)) if isinstance(doc, dict) else 502, doc))
+            else:
+                fut.set_result((200, doc))
+        if len(pending) < self.max_inflight:
+            self._room.set()
+
+    # --- requests ----------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self.transport is None or self._lost is not None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    async def send(self, topic: str, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """`doc` is the HTTP send body (`{"messages": [...]}`); returns (status, answer)."""
+        while len(self.pending) >= self.max_inflight and self._lost is None:
+            self._room.clear()
+            await self._room.wait()
+        if not self._can_write.is_set():
+            await self._can_write.wait()
+        return await self._request(F.SEND, {"topic": topic, "messages": doc["messages"]})
+
+    def _request(self, kind: int, doc: Any) -> asyncio.Future:
+        if self._lost is not None or self.transport is None:
+            raise ConnectionResetError(f"produce stream closed: {self._lost}")
+        self._next_id = self._next_id % REQUEST_ID_MAX + 1     # 0 is the connection's own id
+        rid = self._next_id
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[rid] = fut
+        self.transport.write(F.encode(kind, rid, doc))
+        return fut
+
+    def _fail_all(self, exc: BaseException) -> None:
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionResetError(str(exc)))

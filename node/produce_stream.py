@@ -1,0 +1,305 @@
+"""The produce stream: a pipelined binary send channel beside the HTTP API.
+
+HTTP/1.1 answers one request at a time per connection, and aiohttp spends far more on a
+request than the store spends on a message, so one message per request costs ~100x a
+message in a batch. Here a client keeps one connection and writes SEND frames without
+waiting (node/stream_frames.py); the node parses every frame that arrived in one read,
+appends the sends of each topic as one log batch (Broker.send_coalesced: each request is
+still checked and placed as its own batch) and writes their answers in one write when
+that batch is acked: committed in DLedger mode, as the flush and HA policy says otherwise.
+
+Bounds: `maxStreamConnections` connections (closed on accept beyond it); a frame's payload
+at most `maxRequestBytes`, checked on its header; at most `maxInflightRequestsPerClient`
+requests unanswered per connection, beyond which the node stops reading the connection
+until answers drain (TCP pushes back on the client); the same when the client does not
+read its answers (the transport's write buffer is over its high-water mark).
+
+With `aclEnable=true` the first frame must be a HELLO signed by an account of the ACL file
+(the X-MQ-* headers of `STREAM /stream` with an empty body, node/acl.py); each SEND then
+needs that account's PUB on its topic, checked against the ACL as it is now. With TLS on
+the API (`tlsEnable`), the stream is TLS with the same certificate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from node import limits
+from node import stream_frames as F
+from node.acl import Account, AuthError, NonceCache, verify
+from node.api import parse_messages
+from node.auth import AclStore, authorise, preflight
+from node.store.errors import BadRequest, MessageTooLarge, StoreError
+
+log = logging.getLogger(__name__)
+
+SEND_PATTERN = "/topics/{topic}/messages"
+
+
+class AclGate:
+    """The ACL check of a stream: who said HELLO, and may they publish to this topic."""
+
+    def __init__(self, store: AclStore, nonces: NonceCache, wall_clock_ms: Callable[[], int]):
+        self.store, self.nonces, self.wall_clock_ms = store, nonces, wall_clock_ms
+
+    def hello(self, headers: Any) -> str:
+        """The access key of a good HELLO, else AuthError."""
+        if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+            raise AuthError(401, "UNAUTHENTICATED", "HELLO must carry the X-MQ-* signature headers as strings")
+        account = verify(self.store.current(), self.nonces, F.STREAM_METHOD, F.STREAM_TARGET, headers, b"",
+                         self.wall_clock_ms())
+        return account.access_key
+
+    def check_send(self, access_key: str, topic: str) -> None:
+        account: Account | None = self.store.current().get(access_key)
+        if account is None:
+            raise AuthError(401, "UNAUTHENTICATED", f"account {access_key!r} is no longer in the ACL file")
+        authorise(account, "POST", SEND_PATTERN, {"topic": topic}, None)
+
+
+def _error_frame(rid: int, code: str, message: str, status: int, retriable: bool = False,
+                 leader: str | None = None) -> bytes:
+    return F.encode(F.ERROR, rid, {"error": code, "message": message, "retriable": retriable,
+                                   "leader": leader, "status": status})
+
+
+class StreamServer:
+    """Accepts produce streams for one broker; `start()` listens, `stop()` closes everything."""
+
+    def __init__(self, broker: Any, gate: AclGate | None = None, ssl_context: ssl.SSLContext | None = None):
+        cfg = broker.config
+        self.broker = broker
+        self.gate = gate
+        self.ssl_context = ssl_context
+        self.limits = limits.Limits.from_config(cfg)
+        self.max_frame_bytes = cfg.max_request_bytes
+        self.max_inflight = cfg.max_inflight_requests_per_client
+        self.connections = limits.ConnectionGate(cfg.max_stream_connections, "stream_connections")
+        self.open: set[StreamProtocol] = set()
+        self.server: asyncio.AbstractServer | None = None
+        self.frames_in = 0
+        self.batches = 0
+
+    async def start(self, host: str, port: int) -> None:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: StreamProtocol(self), host, port, ssl=self.ssl_context,
+                                               reuse_address=True)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for p in list(self.open):
+            p.close()
+        if self.server is not None:
+            await self.server.wait_closed()
+
+    def leader_hint(self, e: StoreError) -> str | None:
+        return getattr(e, "leader", None) or self.broker.log.leader()
+
+
+class StreamProtocol(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: StreamServer):
+        self.server = server
+        self.reader = F.FrameReader(server.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.access_key: str | None = None      # set by a good HELLO
+        self.admitted = False
+        self.inflight = 0
+        self.paused_reading = False
+        self.paused_writing = False
+        self.tasks: set[asyncio.Task] = set()
+
+    # --- connection -----------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if not self.server.connections.try_enter():
+            transport.write(_error_frame(F.CONNECTION, "LIMIT_EXCEEDED", "too many produce stream connections "
+                                         f"(maxStreamConnections {self.server.connections.cap})", 503, True))
+            transport.close()
+            return
+        self.admitted = True
+        self.server.open.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.admitted:
+            self.admitted = False
+            self.server.connections.leave()
+            self.server.open.discard(self)
+        self.transport = None      # answers still being committed are dropped: the client saw the loss
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_writing(self) -> None:
+        self.paused_writing = True
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self.paused_writing = False
+        self._flow()
+
+    def _flow(self) -> None:
+        t = self.transport
+        if t is None:
+            return
+        stop = self.paused_writing or self.inflight >= self.server.max_inflight
+        if stop and not self.paused_reading:
+            t.pause_reading()
+            self.paused_reading = True
+        elif not stop and self.paused_reading:
+            t.resume_reading()
+            self.paused_reading = False
+
+    def _fail_connection(self, code: str, message: str, status: int) -> None:
+        t = self.transport
+        if t is not None:
+            t.write(_error_frame(F.CONNECTION, code, message, status))
+            t.close()
+            self.transport = None
+
+    # --- frames -------------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return
+        try:
+            frames = self.reader.feed(data)
+        except F.FrameError as e:
+            if e.limit:
+                limits.REJECTIONS.add(e.limit)
+            self._fail_connection("BAD_FRAME" if e.limit is None else "LIMIT_EXCEEDED", str(e), 413 if e.limit else 400)
+            return
+        if not frames:
+            return
+        out: list[bytes] = []                        # answers known at once (errors, HELLO_OK)
+        sends: dict[str, list[tuple[int, list]]] = defaultdict(list)
+        token = limits._CURRENT.set(self.server.limits)
+        try:
+            for kind, rid, payload in frames:
+                if kind == F.HELLO:
+                    if not self._hello(rid, payload, out):
+                        break
+                    continue
+                if kind != F.SEND:
+                    self._fail_connection("BAD_FRAME", f"a client may send HELLO and SEND frames, not kind {kind}", 400)
+                    break
+                if self.server.gate is not None and self.access_key is None:
+                    self._fail_connection("UNAUTHENTICATED", "this node has aclEnable=true: the first frame must "
+                                          "be a signed HELLO", 401)
+                    break
+                try:
+                    topic, messages = self._parse_send(payload)
+                except StoreError as e:
+                    out.append(self._store_error(rid, e))
+                    continue
+                except AuthError as e:
+                    out.append(_error_frame(rid, e.code, str(e), e.status))
+                    continue
+                sends[topic].append((rid, messages))
+        finally:
+            limits._CURRENT.reset(token)
+        t = self.transport
+        if t is None:
+            return
+        if out:
+            t.write(b"".join(out))
+        self.server.frames_in += len(frames)
+        for topic, requests in sends.items():
+            self.inflight += len(requests)
+            task = asyncio.get_running_loop().create_task(self._send(topic, requests))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        self._flow()
+
+    def _hello(self, rid: int, payload: bytes, out: list[bytes]) -> bool:
+        try:
+            doc = F.decode_payload(payload)
+        except F.FrameError as e:
+            self._fail_connection("BAD_FRAME", str(e), 400)
+            return False
+        gate = self.server.gate
+        if gate is not None:
+            try:
+                self.access_key = gate.hello(doc)
+            except AuthError as e:
+                self._fail_connection(e.code, str(e), e.status)
+                return False
+        cfg = self.server.broker.config
+        out.append(F.encode(F.HELLO_OK, rid, {"node_id": cfg.node_id,
+                                              "max_frame_bytes": self.server.max_frame_bytes,
+                                              "max_inflight": self.server.max_inflight}))
+        return True
+
+    def _parse_send(self, payload: bytes) -> tuple[str, list]:
+        try:
+            doc = F.decode_payload(payload)
+        except F.FrameError as e:
+            raise BadRequest(str(e)) from None
+        if type(doc) is not dict:
+            raise BadRequest("a SEND frame's payload must be a map {topic, messages}")
+        topic, items = doc.get("topic"), doc.get("messages")
+        if type(topic) is not str:
+            raise BadRequest("a SEND frame must name its topic (a string)")
+        limits.check_path_names({"topic": topic})
+        if type(items) is not list:
+            raise BadRequest("messages must be a list of message objects")
+        limits.check_batch(len(items))
+        if self.server.gate is not None:
+            assert self.access_key is not None
+            self.server.gate.check_send(self.access_key, topic)
+        return topic, parse_messages(items)
+
+    def _store_error(self, rid: int, e: StoreError) -> bytes:
+        if isinstance(e, limits.LimitExceeded):
+            limits.REJECTIONS.add(e.limit)
+            return _error_frame(rid, e.code, str(e), e.http_status, e.retriable)
+        if isinstance(e, MessageTooLarge):
+            limits.REJECTIONS.add("message_size")
+        return _error_frame(rid, e.code, str(e), e.http_status, e.retriable, self.server.leader_hint(e))
+
+    async def _send(self, topic: str, requests: list[tuple[int, list]]) -> None:
+        srv = self.server
+        try:
+            try:
+                outcomes: list[Any] = await srv.broker.send_coalesced(topic, [m for _rid, m in requests])
+            except StoreError as e:
+                outcomes = [e] * len(requests)
+            except Exception:  # noqa: BLE001 - the client gets INTERNAL_ERROR; the log gets the trace
+                log.exception("produce stream: a send to %s failed", topic)
+                outcomes = [None] * len(requests)
+            srv.batches += 1
+            frames: list[bytes] = []
+            add = frames.append
+            encode, result = F.encode, F.RESULT
+            for (rid, _m), got in zip(requests, outcomes):
+                if type(got) is list:
+                    add(encode(result, rid, {"results": [
+                        {"status": st, "msg_id": mid, "offset_msg_id": oid, "queue_id": qid, "queue_offset": qoff}
+                        for st, mid, oid, qid, qoff in got]}))
+                elif isinstance(got, StoreError):
+                    add(self._store_error(rid, got))
+                else:
+                    add(_error_frame(rid, "INTERNAL_ERROR", "internal error; see the node's log", 500))
+            if self.transport is not None:
+                self.transport.write(b"".join(frames))
+        finally:
+            self.inflight -= len(requests)
+            self._flow()
+
+
+def gate_from_config(config: Any) -> AclGate | None:
+    """The stream's ACL check when aclEnable=true (ConfigError if the ACL file is unusable)."""
+    if not config.acl_enable:
+        return None
+    preflight(config)
+    return AclGate(AclStore(config.acl_file, config.acl_reload_interval_ms),
+                   NonceCache(config.acl_replay_window_ms, config.acl_nonce_cache_size),
+                   lambda: int(time.time() * 1000))

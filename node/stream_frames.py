@@ -1,0 +1,90 @@
+"""Frames of the produce stream: the pipelined binary send channel (`streamListenPort`).
+
+    frame = STREAM_FRAME_HEADER (length u32, kind u8, request_id u32) + msgpack payload
+
+Both ends write frames back to back on one TCP (or TLS) connection; many requests may be in
+flight, and each answer names the request it answers, in whatever order they commit.
+
+| kind     | from   | payload                                                                   |
+|----------|--------|---------------------------------------------------------------------------|
+| HELLO    | client | `{}`, or the X-MQ-* signature headers of `STREAM STREAM_TARGET` (ACL on)   |
+| HELLO_OK | node   | `{"node_id", "max_frame_bytes", "max_inflight"}`                           |
+| SEND     | client | `{"topic", "messages": [...]}`: the body of `POST /topics/{topic}/messages` |
+| RESULT   | node   | `{"results": [SendResult]}`: that route's answer                           |
+| ERROR    | node   | `{"error", "message", "retriable", "leader", "status"}`: the HTTP error's shape and status |
+
+A SEND is checked and appended exactly as that HTTP request would be. An ERROR with request
+id 0 is about the connection (bad frame, no HELLO on an ACL node, too many connections) and
+the node closes it after writing the frame. The length is checked against the cap before
+the payload is read, and a frame of an unknown kind closes the connection.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+
+from node.store import layout as L
+
+HEADER = L.STREAM_FRAME_HEADER
+HELLO, HELLO_OK, SEND, RESULT, ERROR = 1, 2, 3, 4, 5
+KINDS = frozenset({HELLO, HELLO_OK, SEND, RESULT, ERROR})
+STREAM_METHOD = "STREAM"       # what a HELLO's signature covers (node/acl.py signature())
+STREAM_TARGET = "/stream"
+CONNECTION = 0                 # request id of an ERROR about the whole connection
+
+
+class FrameError(ValueError):
+    """The byte stream is not frames of this protocol (or a frame is over the cap)."""
+
+    def __init__(self, message: str, limit: str | None = None):
+        super().__init__(message)
+        self.limit = limit
+
+
+def encode(kind: int, request_id: int, doc: Any) -> bytes:
+    payload = msgpack.packb(doc, use_bin_type=True)
+    return HEADER.pack(len(payload), kind, request_id) + payload
+
+
+def decode_payload(payload: bytes) -> Any:
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise FrameError(f"a frame's payload is not msgpack: {e}") from None
+
+
+class FrameReader:
+    """Splits received bytes into `(kind, request_id, payload)` frames; holds at most one
+    partial frame, which the cap bounds."""
+
+    __slots__ = ("max_frame_bytes", "_buf")
+
+    def __init__(self, max_frame_bytes: int):
+        self.max_frame_bytes = max_frame_bytes
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
+        buf = self._buf + data if self._buf else data
+        frames: list[tuple[int, int, bytes]] = []
+        pos, end, size = 0, len(buf), HEADER.size
+        unpack = HEADER.unpack_from
+        while end - pos >= size:
+            length, kind, rid = unpack(buf, pos)
+            if length > self.max_frame_bytes:
+                raise FrameError(f"frame of {length} bytes exceeds the cap of {self.max_frame_bytes} "
+                                 "(maxRequestBytes)", limit="stream_frame_bytes")
+            if kind not in KINDS:
+                raise FrameError(f"unknown frame kind {kind}")
+            stop = pos + size + length
+            if stop > end:
+                break
+            frames.append((kind, rid, buf[pos + size:stop]))
+            pos = stop
+        self._buf = buf[pos:] if pos < end else b""
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
