@@ -43,6 +43,7 @@ import msgpack
 
 from bench.bench_store import figure
 from mqstore import localcluster as lc
+from mqstore.client.stream import StreamConnection
 from mqstore.localcluster import free_ports
 
 BODY_BYTES = 1024
@@ -62,9 +63,10 @@ CASES = ("async_batched", "per_message_256", "one_at_a_time", "sync_flush_64", "
 
 
 class Node(lc.NodeProc):
-    def __init__(self, node_id: str, api_port: int, raft_port: int, config: Path, log: Path):
+    def __init__(self, node_id: str, api_port: int, raft_port: int, stream_port: int, config: Path, log: Path):
         super().__init__(str(config), api_port, str(log), node_id)
         self.node_id, self.api_port, self.raft_port, self.config, self.log = node_id, api_port, raft_port, config, log
+        self.stream_port = stream_port
 
     @property
     def url(self) -> str:
@@ -117,8 +119,8 @@ class Cluster:
 
     def __init__(self, work: Path, flush: str):
         self.work = work
-        ports = free_ports(6)
-        self.nodes = [Node(f"n{i}", ports[i], ports[3 + i], work / f"n{i}" / "broker.conf",
+        ports = free_ports(9)
+        self.nodes = [Node(f"n{i}", ports[i], ports[3 + i], ports[6 + i], work / f"n{i}" / "broker.conf",
                            work / f"n{i}" / "node.log") for i in range(3)]
         raft = {n.node_id: n.raft_port for n in self.nodes}
         api = {n.node_id: n.api_port for n in self.nodes}
@@ -126,7 +128,7 @@ class Cluster:
             lc.write_conf(str(n.config), lc.node_lines(n.api_port, str(n.config.parent / "store"), [
                 "brokerClusterName=BenchCluster", "brokerName=bench-a", "brokerId=0", f"flushDiskType={flush}",
                 "mappedFileSizeCommitLog=268435456", "autoCreateTopicEnable=true", "logLevel=WARNING",
-                *lc.dledger_lines(n.node_id, "bench-a", raft, api)]))
+                f"streamListenPort={n.stream_port}", *lc.dledger_lines(n.node_id, "bench-a", raft, api)]))
 
     def start_node(self, n: Node) -> None:
         n.launch()
@@ -216,10 +218,92 @@ async def send(session: aiohttp.ClientSession, url: str, payload: bytes, timeout
     return ok
 
 
-async def load(session: aiohttp.ClientSession, url: str, payload: bytes, per_request: int, inflight: int,
+def batch_doc(n: int, first_queue: int = 0) -> dict:
+    body = os.urandom(BODY_BYTES)
+    return {"messages": [{"body": body, "queue_id": (first_queue + i) % QUEUES} for i in range(n)]}
+
+
+def count_ok(results: list[dict]) -> int:
+    ok = sum(1 for x in results if x["status"] == "SEND_OK")
+    if ok != len(results):
+        raise RuntimeError(f"{len(results) - ok} of {len(results)} not SEND_OK: {results[0]}")
+    return ok
+
+
+class HttpSender:
+    """POST /topics/{TOPIC}/messages with msgpack bodies to the leader."""
+    transport = "http"
+
+    def __init__(self, session: aiohttp.ClientSession, cluster: Cluster, leader: Node):
+        self.session, self.url = session, f"{leader.url}/topics/{TOPIC}/messages"
+
+    def payload(self, n: int) -> bytes:
+        return batch_payload(n)
+
+    async def send(self, payload: bytes) -> int:
+        return await send(self.session, self.url, payload)
+
+    async def retarget(self, api_addr: str) -> bool:
+        new = f"http://{api_addr}/topics/{TOPIC}/messages"
+        changed, self.url = new != self.url, new
+        return changed
+
+    def close(self) -> None:
+        pass
+
+
+class StreamSender:
+    """SEND frames on the leader's produce stream (the SDK's StreamConnection), answers pipelined."""
+    transport = "stream"
+
+    def __init__(self, session: aiohttp.ClientSession, cluster: Cluster, leader: Node):
+        self.cluster, self.node = cluster, leader
+        self.conn: StreamConnection | None = None
+        self._lock = asyncio.Lock()
+
+    def payload(self, n: int) -> dict:
+        return batch_doc(n)
+
+    async def _conn(self) -> StreamConnection:
+        if self.conn is None or self.conn.closed:
+            async with self._lock:
+                if self.conn is None or self.conn.closed:
+                    self.conn = await StreamConnection.open("127.0.0.1", self.node.stream_port)
+        return self.conn
+
+    async def send(self, doc: dict) -> int:
+        conn = self.conn
+        if conn is None or conn.closed:
+            conn = await self._conn()
+        status, answer = await conn.send(TOPIC, doc, REQUEST_TIMEOUT_S)
+        if status == 421:
+            raise NotLeaderAnswer(answer.get("leader"), f"NOT_LEADER: {answer.get('message')}")
+        if status != 200:
+            raise RuntimeError(f"{status}: {answer}")
+        return count_ok(answer["results"])
+
+    async def retarget(self, api_addr: str) -> bool:
+        node = next((n for n in self.cluster.nodes if f"127.0.0.1:{n.api_port}" == api_addr), None)
+        if node is None or node is self.node:
+            return False
+        self.node = node
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+        return True
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+SENDERS = {"stream": StreamSender, "http": HttpSender}
+
+
+async def load(sender, payload, per_request: int, inflight: int,
                seconds: float, max_msgs: int, latencies: list[float] | None = None) -> dict:
-    """`inflight` workers posting `payload` until `seconds` or `max_msgs` have passed."""
-    state = {"acked": 0, "sent": 0, "errors": 0, "first_error": None, "url": url, "leader_changes": 0}
+    """`inflight` workers sending `payload` until `seconds` or `max_msgs` have passed."""
+    state = {"acked": 0, "sent": 0, "errors": 0, "first_error": None, "leader_changes": 0}
     deadline = time.perf_counter() + seconds
 
     async def worker() -> None:
@@ -229,14 +313,12 @@ async def load(session: aiohttp.ClientSession, url: str, payload: bytes, per_req
             try:
                 # Await first: `state["acked"] += await ...` would read the count before the await
                 # and lose every update made by the other workers meanwhile.
-                ok = await send(session, state["url"], payload)
+                ok = await sender.send(payload)
             except NotLeaderAnswer as e:  # leadership moved (a starved node missed heartbeats)
                 state["errors"] += 1
                 state["first_error"] = state["first_error"] or repr(e)[:300]
                 if e.leader:
-                    new = f"http://{e.leader}/topics/{TOPIC}/messages"
-                    state["leader_changes"] += new != state["url"]
-                    state["url"] = new
+                    state["leader_changes"] += await sender.retarget(e.leader)
                 else:
                     await asyncio.sleep(0.05)
                 continue
@@ -251,8 +333,8 @@ async def load(session: aiohttp.ClientSession, url: str, payload: bytes, per_req
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(inflight)))
     elapsed = time.perf_counter() - start
-    return {"msgs": state["acked"], "errors": state["errors"], "first_error": state["first_error"],
-            "leader_changes": state["leader_changes"],
+    return {"transport": sender.transport, "msgs": state["acked"], "errors": state["errors"],
+            "first_error": state["first_error"], "leader_changes": state["leader_changes"],
             "seconds": round(elapsed, 3), "msgs_per_s": state["acked"] / elapsed if elapsed else 0.0,
             "load1": load1()}
 
@@ -265,6 +347,8 @@ def pct_ms(sorted_s: list[float], q: float) -> float | None:
 
 # --- cases ----------------------------------------------------------------------------------------
 async def throughput_cases(cluster: Cluster, quick: bool, cases: set[str], anchors: dict) -> dict:
+    """The ASYNC_FLUSH cases, each on the produce stream (the SDK's path) and then over HTTP
+    (`<case>_http`: what one HTTP request costs, for comparison)."""
     secs = 3.0 if quick else 10.0
     out: dict = {}
     conn = aiohttp.TCPConnector(limit=WINDOW + 8)
@@ -273,32 +357,39 @@ async def throughput_cases(cluster: Cluster, quick: bool, cases: set[str], ancho
         leader = await find_leader(session, cluster)
         url = f"{leader.url}/topics/{TOPIC}/messages"
         await send(session, url, batch_payload(16))                      # creates the topic
-        await load(session, url, batch_payload(BATCH), BATCH, BATCH_CONNS, 1.0, 50_000)  # warm-up
         nats_async = (anchors.get("nats_r3_async") or {}).get("msgs_per_s")
         nats_sync_p99 = (anchors.get("nats_r3_sync") or {}).get("p99_ms")
-        if "async_batched" in cases:
-            meter = CpuMeter(cluster, leader)
-            r = await load(session, url, batch_payload(BATCH), BATCH, BATCH_CONNS, secs, 2_000_000)
-            r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
-            out["async_batched"] = figure(r["msgs_per_s"], "msg/s", 60_000, "nats_r3_async", nats_async,
-                                          batch=BATCH, inflight_requests=BATCH_CONNS, **r)
-        if "per_message_256" in cases:
-            meter = CpuMeter(cluster, leader)
-            r = await load(session, url, batch_payload(1), 1, WINDOW, secs, 500_000)
-            r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
-            target = 1.5 * nats_async if nats_async else None
-            out["per_message_256"] = figure(r["msgs_per_s"], "msg/s", target, "nats_r3_async", nats_async,
-                                            inflight_requests=WINDOW, **r)
-        if "one_at_a_time" in cases:
-            lat: list[float] = []
-            meter = CpuMeter(cluster, leader)
-            r = await load(session, url, batch_payload(1), 1, 1, secs, 20_000 if quick else 100_000, lat)
-            r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
-            lat.sort()
-            p50, p99 = pct_ms(lat, 0.50), pct_ms(lat, 0.99)
-            meets = p99 <= nats_sync_p99 if (p99 is not None and nats_sync_p99) else None
-            out["one_at_a_time"] = figure(p99 or 0.0, "ms p99", nats_sync_p99, "nats_r3_sync_p99", nats_sync_p99,
-                                          meets=meets, p50_ms=p50, p99_ms=p99, max_ms=pct_ms(lat, 1.0), **r)
+        for transport, suffix in (("stream", ""), ("http", "_http")):
+            leader = await find_leader(session, cluster)
+            sender = SENDERS[transport](session, cluster, leader)
+            try:
+                await load(sender, sender.payload(BATCH), BATCH, BATCH_CONNS, 1.0, 50_000)  # warm-up
+                if "async_batched" in cases:
+                    meter = CpuMeter(cluster, leader)
+                    r = await load(sender, sender.payload(BATCH), BATCH, BATCH_CONNS, secs, 2_000_000)
+                    r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
+                    out["async_batched" + suffix] = figure(r["msgs_per_s"], "msg/s", 60_000, "nats_r3_async",
+                                                           nats_async, batch=BATCH, inflight_requests=BATCH_CONNS, **r)
+                if "per_message_256" in cases:
+                    meter = CpuMeter(cluster, leader)
+                    r = await load(sender, sender.payload(1), 1, WINDOW, secs, 500_000)
+                    r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
+                    target = 1.5 * nats_async if nats_async else None
+                    out["per_message_256" + suffix] = figure(r["msgs_per_s"], "msg/s", target, "nats_r3_async",
+                                                             nats_async, inflight_requests=WINDOW, **r)
+                if "one_at_a_time" in cases:
+                    lat: list[float] = []
+                    meter = CpuMeter(cluster, leader)
+                    r = await load(sender, sender.payload(1), 1, 1, secs, 20_000 if quick else 100_000, lat)
+                    r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
+                    lat.sort()
+                    p50, p99 = pct_ms(lat, 0.50), pct_ms(lat, 0.99)
+                    meets = p99 <= nats_sync_p99 if (p99 is not None and nats_sync_p99) else None
+                    out["one_at_a_time" + suffix] = figure(p99 or 0.0, "ms p99", nats_sync_p99, "nats_r3_sync_p99",
+                                                           nats_sync_p99, meets=meets, p50_ms=p50, p99_ms=p99,
+                                                           max_ms=pct_ms(lat, 1.0), **r)
+            finally:
+                sender.close()
         out["leader_metrics"] = await leader_metrics(session, leader)
     return out
 
@@ -309,12 +400,16 @@ async def sync_case(cluster: Cluster, quick: bool) -> dict:
     async with aiohttp.ClientSession(connector=conn) as session:
         await wait_healthy(session, cluster, cluster.nodes)
         leader = await find_leader(session, cluster)
-        url = f"{leader.url}/topics/{TOPIC}/messages"
-        await send(session, url, batch_payload(16))
-        await load(session, url, batch_payload(SYNC_BATCH), SYNC_BATCH, SYNC_PRODUCERS, 1.0, 50_000)
-        meter = CpuMeter(cluster, leader)
-        r = await load(session, url, batch_payload(SYNC_BATCH), SYNC_BATCH, SYNC_PRODUCERS, secs, 2_000_000)
-        r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
+        await send(session, f"{leader.url}/topics/{TOPIC}/messages", batch_payload(16))
+        sender = StreamSender(session, cluster, leader)
+        try:
+            payload = sender.payload(SYNC_BATCH)
+            await load(sender, payload, SYNC_BATCH, SYNC_PRODUCERS, 1.0, 50_000)
+            meter = CpuMeter(cluster, leader)
+            r = await load(sender, payload, SYNC_BATCH, SYNC_PRODUCERS, secs, 2_000_000)
+            r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
+        finally:
+            sender.close()
         return {"sync_flush_64": figure(r["msgs_per_s"], "msg/s", 25_000, None, None, producers=SYNC_PRODUCERS,
                                         batch=SYNC_BATCH, **r),
                 "sync_leader_metrics": await leader_metrics(session, leader)}
@@ -426,7 +521,8 @@ def run(quick: bool = False, anchors: dict | None = None, cases: set[str] | None
     cases = set(cases or CASES)
     t0 = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="mqbench-dledger-"))
-    out: dict = {"load1_start": load1(), "body_bytes": BODY_BYTES, "http": "aiohttp, msgpack bodies",
+    out: dict = {"load1_start": load1(), "body_bytes": BODY_BYTES,
+                 "transports": "produce stream (SDK StreamConnection); *_http: aiohttp, msgpack bodies",
                  "nodes": 3, "processes": True}
     try:
         wanted = [c for c in ("async_batched", "per_message_256", "one_at_a_time") if c in cases]

@@ -39,6 +39,7 @@ from node.store.errors import BadRequest, MessageTooLarge, StoreError
 log = logging.getLogger(__name__)
 
 SEND_PATTERN = "/topics/{topic}/messages"
+MAX_CACHED_TOPICS = 1024      # topic names a connection remembers as well-formed
 
 
 class AclGate:
@@ -115,6 +116,8 @@ class StreamProtocol(asyncio.Protocol):
         self.paused_reading = False
         self.paused_writing = False
         self.tasks: set[asyncio.Task] = set()
+        self.encoder = F.Encoder()
+        self.good_topics: set[str] = set()      # names already checked on this connection
 
     # --- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -248,7 +251,10 @@ class StreamProtocol(asyncio.Protocol):
         topic, items = doc.get("topic"), doc.get("messages")
         if type(topic) is not str:
             raise BadRequest("a SEND frame must name its topic (a string)")
-        limits.check_path_names({"topic": topic})
+        if topic not in self.good_topics:
+            limits.check_path_names({"topic": topic})
+            if len(self.good_topics) < MAX_CACHED_TOPICS:
+                self.good_topics.add(topic)
         if type(items) is not list:
             raise BadRequest("messages must be a list of message objects")
         limits.check_batch(len(items))
@@ -278,7 +284,7 @@ class StreamProtocol(asyncio.Protocol):
             srv.batches += 1
             frames: list[bytes] = []
             add = frames.append
-            encode, result = F.encode, F.RESULT
+            encode, result = self.encoder.frame, F.RESULT
             for (rid, _m), got in zip(requests, outcomes):
                 if type(got) is list:
                     add(encode(result, rid, {"results": [

@@ -1,7 +1,8 @@
 """The client end of a node's produce stream (node/produce_stream.py, node/stream_frames.py).
 
 One `StreamConnection` per node: sends are written as SEND frames without waiting for
-earlier ones, each awaits its own RESULT or ERROR by request id. `send()` answers the
+earlier ones (the frames of one event-loop turn in one socket write), each awaits its own
+RESULT or ERROR by request id. `send()` answers the
 same `(status, doc)` an HTTP POST /topics/{topic}/messages would, so the transport treats
 both alike. At most `max_inflight` requests are unanswered at once (the node's own bound,
 learnt from HELLO_OK); a caller beyond it waits for room. A lost connection fails every
@@ -12,14 +13,18 @@ messages, as with an HTTP request that timed out.
 from __future__ import annotations
 
 import asyncio
+import collections
 import ssl
 import time
-from typing import Any
+from typing import Any, Awaitable
 
 from node import stream_frames as F
 from node.acl import sign_headers
 
 REQUEST_ID_MAX = 0xFFFF_FFFF
+DEFAULT_TIMEOUT_S = 10.0
+SWEEP_S = 0.05                 # how often a connection looks for requests past their deadline
+FLUSH_BYTES = 256 * 1024       # write at once when this much is waiting for the end of the turn
 
 
 class StreamRefused(Exception):
@@ -44,7 +49,11 @@ class StreamConnection(asyncio.Protocol):
         self._room.set()
         self._can_write = asyncio.Event()
         self._can_write.set()
-        self._waiters = 0
+        self._deadlines: collections.deque[tuple[float, int]] = collections.deque()   # (deadline, request id)
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._encoder = F.Encoder()
+        self._out: list[bytes] = []          # frames written in this turn of the event loop
+        self._out_bytes = 0
 
     @classmethod
     async def open(cls, host: str, port: int, *, ssl_context: ssl.SSLContext | None = None,
@@ -59,6 +68,8 @@ class StreamConnection(asyncio.Protocol):
             if access_key:
                 hello = sign_headers(access_key, secret_key or "", F.STREAM_METHOD, F.STREAM_TARGET, None, b"",
                                      int(time.time() * 1000))
+            if isinstance(conn._lost, StreamRefused):      # refused on accept (e.g. too many connections)
+                raise conn._lost
             status, doc = await asyncio.wait_for(conn._request(F.HELLO, hello), timeout_s)
             if status >= 400:
                 raise StreamRefused(status, doc)
@@ -77,6 +88,10 @@ class StreamConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        self._deadlines.clear()
         self._lost = exc or ConnectionResetError("the node closed the produce stream")
         self._fail_all(self._lost)
         self._can_write.set()
@@ -128,24 +143,73 @@ class StreamConnection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def send(self, topic: str, doc: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """`doc` is the HTTP send body (`{"messages": [...]}`); returns (status, answer)."""
+    def send(self, topic: str, doc: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> Awaitable[Any]:
+        """`doc` is the HTTP send body (`{"messages": [...]}`); awaits (status, answer), or
+        asyncio.TimeoutError after `timeout_s`. With room in the window and the socket this is
+        a bare future (no task, no timer of its own: one sweeper per connection keeps time)."""
+        payload = {"topic": topic, "messages": doc["messages"]}
+        if len(self.pending) < self.max_inflight and self._can_write.is_set():
+            return self._request(F.SEND, payload, timeout_s)
+        return self._send_when_room(payload, timeout_s)
+
+    async def _send_when_room(self, payload: dict[str, Any], timeout_s: float) -> Any:
+        deadline = time.monotonic() + timeout_s
         while len(self.pending) >= self.max_inflight and self._lost is None:
             self._room.clear()
-            await self._room.wait()
+            await asyncio.wait_for(self._room.wait(), max(0.0, deadline - time.monotonic()))
         if not self._can_write.is_set():
-            await self._can_write.wait()
-        return await self._request(F.SEND, {"topic": topic, "messages": doc["messages"]})
+            await asyncio.wait_for(self._can_write.wait(), max(0.0, deadline - time.monotonic()))
+        return await self._request(F.SEND, payload, max(0.0, deadline - time.monotonic()))
 
-    def _request(self, kind: int, doc: Any) -> asyncio.Future:
+    def _request(self, kind: int, doc: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> asyncio.Future:
         if self._lost is not None or self.transport is None:
             raise ConnectionResetError(f"produce stream closed: {self._lost}")
         self._next_id = self._next_id % REQUEST_ID_MAX + 1     # 0 is the connection's own id
         rid = self._next_id
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self.pending[rid] = fut
-        self.transport.write(F.encode(kind, rid, doc))
+        self._deadlines.append((time.monotonic() + timeout_s, rid))
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(SWEEP_S, self._sweep)
+        frame = self._encoder.frame(kind, rid, doc)
+        if not self._out:
+            loop.call_soon(self._flush)
+        self._out.append(frame)
+        self._out_bytes += len(frame)
+        if self._out_bytes >= FLUSH_BYTES:
+            self._flush()
         return fut
+
+    def _sweep(self) -> None:
+        """Fail the requests whose deadline passed with asyncio.TimeoutError; drop the answered.
+        Deadlines are checked in send order, so a request behind a longer-lived one is timed
+        out once that one is answered or expires (callers use one timeout in practice)."""
+        self._sweeper = None
+        now = time.monotonic()
+        dl, pending = self._deadlines, self.pending
+        while dl:
+            at, rid = dl[0]
+            fut = pending.get(rid)
+            if fut is not None and not fut.done():
+                if at > now:
+                    break
+                del pending[rid]
+                fut.set_exception(asyncio.TimeoutError(f"no answer on the produce stream in time (request {rid})"))
+            elif fut is not None:
+                del pending[rid]
+            dl.popleft()
+        if len(pending) < self.max_inflight:
+            self._room.set()
+        if dl and self.transport is not None:
+            self._sweeper = asyncio.get_running_loop().call_later(SWEEP_S, self._sweep)
+
+    def _flush(self) -> None:
+        """One socket write for the frames of one loop turn (many senders, one syscall)."""
+        if self._out and self.transport is not None:
+            self.transport.write(b"".join(self._out) if len(self._out) > 1 else self._out[0])
+        self._out.clear()
+        self._out_bytes = 0
 
     def _fail_all(self, exc: BaseException) -> None:
         pending, self.pending = self.pending, {}

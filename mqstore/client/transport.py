@@ -190,7 +190,7 @@ class Transport:
                 conn = await self._stream_to(addr, left)
                 if conn is None:
                     raise _NoStream()
-                status, body = await asyncio.wait_for(conn.send(topic, doc), left)
+                status, body = await conn.send(topic, doc, left)
             except StreamRefused as e:
                 status, body = e.status, e.doc     # e.g. a HELLO refused: that is the answer
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:

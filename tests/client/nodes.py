@@ -1,5 +1,8 @@
 """Real `python -m node` processes for the client tests: one standalone node, or a DLedger trio.
 
+Every node has a produce stream, so the SDK's producers send on it (and over HTTP where a
+test turns it off).
+
 Every node gets free loopback ports and a store under the test's tmp dir. Delay levels are
 shortened (level 2 is 2 s, every other level 1 s) so retry and delay paths run in seconds, and
 queue locks of ordered consumers live 3 s.
@@ -7,8 +10,9 @@ queue locks of ordered consumers live 3 s.
 
 from __future__ import annotations
 
+from mqstore import localcluster as lc
 from tests.integration.dledger_group import NODE_IDS, DLedgerGroup
-from tests.integration.test_node_process import NodeProcess, free_port, write_conf
+from tests.integration.test_node_process import NodeProcess, write_conf
 
 FAST_DELAY_LEVELS = "1s 2s " + " ".join(["1s"] * 16)       # 18 levels, like the default table
 COMMON = (f"messageDelayLevel={FAST_DELAY_LEVELS}\nlongPollingMaxWaitMs=1000\n"
@@ -18,10 +22,11 @@ COMMON = (f"messageDelayLevel={FAST_DELAY_LEVELS}\nlongPollingMaxWaitMs=1000\n"
 
 class Standalone:
     def __init__(self, tmp_path, extra: str = ""):
-        self.port = free_port()
+        self.port, self.stream_port = lc.free_ports(2)
         d = tmp_path / "standalone"
         d.mkdir(exist_ok=True)
-        self.node = NodeProcess(write_conf(d, self.port, COMMON + extra), self.port, str(d / "node.log"))
+        self.node = NodeProcess(write_conf(d, self.port, COMMON + f"streamListenPort={self.stream_port}\n" + extra),
+                                self.port, str(d / "node.log"))
 
     @property
     def addr(self) -> str:

@@ -1,7 +1,7 @@
 """A live 3-node DLedger group of real `python -m node` processes on free loopback ports.
 
-Shared by the metrics and dashboard tests: each node gets its own store under the
-test's tmp dir; `kill9(node_id)` ends one process abruptly; `close()` ends them all.
+Shared by the metrics, dashboard and client tests: each node gets its own store under the
+test's tmp dir and a produce stream port; `kill9(node_id)` ends one process abruptly; `close()` ends them all.
 """
 
 from __future__ import annotations
@@ -14,14 +14,17 @@ NODE_IDS = ("n0", "n1", "n2")
 
 class DLedgerGroup:
     def __init__(self, tmp_path, extra: str = ""):
-        ports = lc.free_ports(2 * len(NODE_IDS))
+        k = len(NODE_IDS)
+        ports = lc.free_ports(3 * k)
         self.api = dict(zip(NODE_IDS, ports))
-        raft = dict(zip(NODE_IDS, ports[len(NODE_IDS):]))
+        raft = dict(zip(NODE_IDS, ports[k:2 * k]))
+        self.stream = dict(zip(NODE_IDS, ports[2 * k:]))     # produce streams: the SDK sends on them
         self.nodes: dict[str, NodeProcess] = {}
         for n in NODE_IDS:
             d = tmp_path / n
             d.mkdir()
-            conf = write_conf(d, self.api[n], "\n".join(lc.dledger_lines(n, "broker-a", raft, self.api)) + "\n" + extra)
+            conf = write_conf(d, self.api[n], "\n".join([*lc.dledger_lines(n, "broker-a", raft, self.api),
+                                                         f"streamListenPort={self.stream[n]}"]) + "\n" + extra)
             self.nodes[n] = NodeProcess(conf, self.api[n], str(d / "node.log"))
 
     def start(self) -> "DLedgerGroup":

@@ -1,0 +1,297 @@
+"""The produce stream (node/produce_stream.py, node/stream_frames.py, mqstore/client/stream.py).
+
+Method: the test_broker harness (in-memory log, real consume queues) behind a real
+StreamServer on a loopback port, driven by the SDK's StreamConnection or by raw sockets for
+what a well-behaved client never sends. Every refusal is checked to change nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqstore import localcluster as lc
+from mqstore.client.stream import StreamConnection, StreamRefused
+from node import limits
+from node import stream_frames as F
+from node.acl import NonceCache, parse_acl, sign_headers
+from node.auth import AclStore
+from node.config import BrokerConfig
+from node.produce_stream import AclGate, StreamServer
+from node.store import layout as L
+from tests.unit.test_broker import make_broker
+
+
+def stream_test(config: BrokerConfig | None = None, gate=None):
+    """Decorator: run `async def t(h, port)` with a started broker and stream server."""
+    def wrap(fn):
+        def test(tmp_path):
+            async def go():
+                cfg = config or BrokerConfig(maped_file_size_consume_queue=20 * 64,
+                                             flush_consumer_offset_interval_ms=100)
+                h = make_broker(str(tmp_path), cfg)
+                await h.broker.start()
+                await h.broker.create_topic("T", 2)
+                port = lc.free_port()
+                server = StreamServer(h.broker, gate(tmp_path) if gate else None)
+                await server.start("127.0.0.1", port)
+                h.server = server
+                try:
+                    await fn(h, port)
+                finally:
+                    await server.stop()
+                    await h.broker.stop()
+            asyncio.run(go())
+        test.__name__ = fn.__name__
+        return test
+    return wrap
+
+
+async def bodies(h, topic: str, queue: int) -> list[bytes]:
+    """Every message body in one queue, pulled page by page."""
+    out, offset = [], 0
+    for _ in range(100):
+        r = await h.broker.pull(topic, queue, offset, 32)
+        if not r.messages:
+            return out
+        out += [m.body for m in r.messages]
+        offset = r.next_offset
+    raise AssertionError("more pages than a test writes")
+
+
+def one(body: bytes = b"m", **kw) -> dict:
+    return {"messages": [{"body": body, **kw}]}
+
+
+async def raw_exchange(port: int, data: bytes, read_for_s: float = 1.0) -> list[tuple[int, int, object]]:
+    """Write `data` on a fresh connection; the frames the node answers until it closes or time is up."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    got = b""
+    try:
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), read_for_s)
+            if not chunk:
+                break
+            got += chunk
+    except asyncio.TimeoutError:
+        pass
+    writer.close()
+    return [(k, rid, F.decode_payload(p)) for k, rid, p in F.FrameReader(1 << 20).feed(got)]
+
+
+# --- frames ---------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(sorted(F.KINDS)), st.integers(0, 2**32 - 1), st.binary(max_size=300)),
+                max_size=20),
+       st.lists(st.integers(1, 64), max_size=40))
+def test_frames_survive_any_split_of_the_byte_stream(frames, cuts):
+    wire = b"".join(L.STREAM_FRAME_HEADER.pack(len(p), k, rid) + p for k, rid, p in frames)
+    reader, got, pos = F.FrameReader(1024), [], 0
+    for c in cuts:
+        got += reader.feed(wire[pos:pos + c])
+        pos += c
+    got += reader.feed(wire[pos:])
+    assert got == frames and reader.buffered == 0
+
+
+def test_frame_over_the_cap_is_refused_on_its_header():
+    reader = F.FrameReader(100)
+    with pytest.raises(F.FrameError, match="exceeds the cap") as e:
+        reader.feed(L.STREAM_FRAME_HEADER.pack(101, F.SEND, 1))      # no payload needed to decide
+    assert e.value.limit == "stream_frame_bytes"
+
+
+def test_unknown_frame_kind_is_refused():
+    with pytest.raises(F.FrameError, match="unknown frame kind 9"):
+        F.FrameReader(100).feed(L.STREAM_FRAME_HEADER.pack(0, 9, 1))
+
+
+# --- sends ----------------------------------------------------------------------------------------
+@stream_test()
+async def test_pipelined_sends_are_each_answered_and_stored_in_order(h, port):
+    conn = await StreamConnection.open("127.0.0.1", port)
+    answers = await asyncio.gather(*(conn.send("T", one(f"m{i}".encode(), queue_id=i % 2)) for i in range(300)))
+    assert all(status == 200 for status, _ in answers)
+    rows = [a["results"][0] for _, a in answers]
+    assert [r["status"] for r in rows] == ["SEND_OK"] * 300
+    for q in (0, 1):     # each queue's offsets are 0..149 in send order
+        assert [r["queue_offset"] for r in rows if r["queue_id"] == q] == list(range(150))
+    await h.settle()
+    assert await bodies(h, "T", 1) == [f"m{i}".encode() for i in range(1, 300, 2)]
+    assert h.server.batches < 300     # sends that arrived together were appended together
+    conn.close()
+
+
+@stream_test()
+async def test_a_refused_send_among_good_ones_gets_its_own_error_and_the_rest_are_stored(h, port):
+    conn = await StreamConnection.open("127.0.0.1", port)
+    docs = [one(b"a"), one(b"b", queue_id=7), {"messages": []}, one(b"c"),
+            {"messages": [{"body": b"d"}, {"body": b"e", "tags": "x||y"}]}]
+    answers = await asyncio.gather(*(conn.send("T", d) for d in docs))
+    assert [s for s, _ in answers] == [200, 400, 400, 200, 400]
+    assert "queue_id 7 is out of range" in answers[1][1]["message"]
+    assert answers[4][1]["error"] == "BAD_REQUEST"      # a bad message refuses its whole request
+    await h.settle()
+    assert sorted(await bodies(h, "T", 0) + await bodies(h, "T", 1)) == [b"a", b"c"]
+    conn.close()
+
+
+@stream_test()
+async def test_unknown_topic_and_bad_topic_names_are_refused_per_request(h, port):
+    conn = await StreamConnection.open("127.0.0.1", port)
+    status, doc = await conn.send("bad topic!", one())
+    assert (status, doc["error"]) == (400, "LIMIT_EXCEEDED")
+    status, doc = await conn.send("T", one())        # the connection goes on
+    assert status == 200
+    conn.close()
+
+
+@stream_test(BrokerConfig(maped_file_size_consume_queue=20 * 64, auto_create_topic_enable=False))
+async def test_send_to_a_missing_topic_without_auto_create_is_topic_not_exist(h, port):
+    conn = await StreamConnection.open("127.0.0.1", port)
+    status, doc = await conn.send("Nope", one())
+    assert (status, doc["error"]) == (404, "TOPIC_NOT_EXIST")
+    conn.close()
+
+
+# --- bad input and bounds --------------------------------------------------------------------------
+@stream_test(BrokerConfig(maped_file_size_consume_queue=20 * 64, max_request_bytes=4096))
+async def test_oversize_frame_closes_the_connection_and_stores_nothing(h, port):
+    before, stored = limits.REJECTIONS.get("stream_frame_bytes"), h.broker.log.committed_position
+    head = L.STREAM_FRAME_HEADER.pack(1 << 30, F.SEND, 1)       # claims 1 GiB: refused on the header
+    got = await raw_exchange(port, head)
+    assert [(k, rid) for k, rid, _ in got] == [(F.ERROR, F.CONNECTION)]
+    assert got[0][2]["error"] == "LIMIT_EXCEEDED" and "maxRequestBytes" in got[0][2]["message"]
+    assert limits.REJECTIONS.get("stream_frame_bytes") == before + 1
+    assert h.broker.log.committed_position == stored
+
+
+@stream_test()
+async def test_garbage_bytes_close_the_connection_with_bad_frame(h, port):
+    stored = h.broker.log.committed_position
+    got = await raw_exchange(port, L.STREAM_FRAME_HEADER.pack(2, 99, 1) + b"xx")      # no such kind
+    assert [(k, rid, d["error"]) for k, rid, d in got] == [(F.ERROR, F.CONNECTION, "BAD_FRAME")]
+    got = await raw_exchange(port, F.encode(F.RESULT, 5, {}))       # a node's frame kind from a client
+    assert got[0][2]["error"] == "BAD_FRAME"
+    got = await raw_exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")     # HTTP: its first bytes read
+    assert got[0][2]["error"] == "LIMIT_EXCEEDED"                                  # as a 1.2 GB length
+    assert h.broker.log.committed_position == stored
+
+
+@stream_test()
+async def test_payload_that_is_not_msgpack_is_that_request_s_error(h, port):
+    bad = L.STREAM_FRAME_HEADER.pack(2, F.SEND, 4) + b"\xc1\xc1"
+    got = await raw_exchange(port, bad + F.encode(F.SEND, 5, {"topic": "T", **one()}))
+    assert [(k, rid) for k, rid, _ in got] == [(F.ERROR, 4), (F.RESULT, 5)]
+    assert got[0][2]["error"] == "BAD_REQUEST"
+
+
+@stream_test(BrokerConfig(maped_file_size_consume_queue=20 * 64, max_stream_connections=1))
+async def test_connections_beyond_the_cap_are_closed_on_accept(h, port):
+    first = await StreamConnection.open("127.0.0.1", port)
+    with pytest.raises(StreamRefused) as e:
+        await StreamConnection.open("127.0.0.1", port)
+    assert e.value.doc["error"] == "LIMIT_EXCEEDED" and e.value.doc["retriable"] is True
+    assert (await first.send("T", one()))[0] == 200
+    first.close()
+    await asyncio.sleep(0.05)
+    again = await StreamConnection.open("127.0.0.1", port)   # room again once one closed
+    again.close()
+
+
+@stream_test(BrokerConfig(maped_file_size_consume_queue=20 * 64, max_inflight_requests_per_client=4))
+async def test_window_is_the_node_s_inflight_bound_and_every_send_completes(h, port):
+    conn = await StreamConnection.open("127.0.0.1", port)
+    assert conn.max_inflight == 4
+    seen = []
+    real = h.broker.send_coalesced
+
+    async def watch(topic, requests):
+        seen.append(len(requests))
+        return await real(topic, requests)
+    h.broker.send_coalesced = watch
+    answers = await asyncio.gather(*(conn.send("T", one()) for _ in range(100)))
+    assert [s for s, _ in answers] == [200] * 100
+    assert max(seen) <= 4
+    conn.close()
+
+
+def test_a_request_never_answered_times_out_on_the_client():
+    async def go():
+        async def silent(reader, writer):       # answers HELLO, then never a SEND
+            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
+            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await reader.read(1 << 20)
+            await asyncio.sleep(5)
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        conn = await StreamConnection.open("127.0.0.1", port)
+        t0 = time.monotonic()
+        with pytest.raises(asyncio.TimeoutError):
+            await conn.send("T", one(), timeout_s=0.2)
+        assert 0.15 < time.monotonic() - t0 < 1.5
+        assert not conn.pending
+        conn.close()
+        server.close()
+    asyncio.run(go())
+
+
+def test_a_lost_connection_fails_every_request_in_flight():
+    async def go():
+        async def drop(reader, writer):
+            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
+            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await reader.read(1 << 20)
+            writer.transport.abort()
+        server = await asyncio.start_server(drop, "127.0.0.1", 0)
+        conn = await StreamConnection.open("127.0.0.1", server.sockets[0].getsockname()[1])
+        got = await asyncio.gather(*(conn.send("T", one()) for _ in range(3)), return_exceptions=True)
+        assert all(isinstance(g, ConnectionError) for g in got), got
+        assert conn.closed
+        server.close()
+    asyncio.run(go())
+
+
+# --- ACL ------------------------------------------------------------------------------------------
+ACL = {"accounts": [{"accessKey": "publisher", "secretKey": "pub-secret-0123456789", "topicPerms": ["T=PUB"],
+                     "defaultTopicPerm": "DENY"}]}
+
+
+def acl_gate(tmp_path):
+    path = tmp_path / "acl.json"
+    path.write_text(json.dumps(ACL))
+    parse_acl(path.read_text())
+    return AclGate(AclStore(str(path), 1000), NonceCache(60_000, 1000), lambda: int(time.time() * 1000))
+
+
+@stream_test(gate=acl_gate)
+async def test_acl_node_needs_a_signed_hello_then_pub_on_each_topic(h, port):
+    got = await raw_exchange(port, F.encode(F.SEND, 1, {"topic": "T", **one()}))     # no HELLO
+    assert [(k, rid, d["error"]) for k, rid, d in got] == [(F.ERROR, F.CONNECTION, "UNAUTHENTICATED")]
+    with pytest.raises(StreamRefused) as e:
+        await StreamConnection.open("127.0.0.1", port, access_key="publisher", secret_key="wrong-secret-000000")
+    assert e.value.status == 401
+    conn = await StreamConnection.open("127.0.0.1", port, access_key="publisher", secret_key="pub-secret-0123456789")
+    assert (await conn.send("T", one()))[0] == 200
+    await h.broker.create_topic("Other", 1)
+    status, doc = await conn.send("Other", one())
+    assert (status, doc["error"]) == (403, "NO_PERMISSION")
+    conn.close()
+    await h.settle()
+    assert await bodies(h, "Other", 0) == []
+
+
+@stream_test(gate=acl_gate)
+async def test_a_replayed_hello_is_refused(h, port):
+    hello = sign_headers("publisher", "pub-secret-0123456789", F.STREAM_METHOD, F.STREAM_TARGET, None, b"",
+                         int(time.time() * 1000))
+    first = await raw_exchange(port, F.encode(F.HELLO, 1, hello), 0.3)
+    assert first[0][0] == F.HELLO_OK
+    again = await raw_exchange(port, F.encode(F.HELLO, 1, hello), 0.3)
+    assert again[0][0] == F.ERROR and again[0][2]["error"] == "UNAUTHENTICATED"
