@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 MSGPACK = "application/x-msgpack"
 MAX_HOPS = 32                   # bound on redirects + address changes within one call
 ELECTION_BACKOFF_S = 0.1        # pause when a group has no known leader (election running)
+STREAM_RECHECK_S = 30.0         # a node without a usable produce stream is asked again after this
+STREAM_CONNECT_TIMEOUT_S = 2.0
 
 
 @dataclass(slots=True)
@@ -85,7 +87,7 @@ class Transport:
         self._session: aiohttp.ClientSession | None = None
         # Sends go on a node's produce stream when its /health names one (MQSTORE_STREAM=0: never).
         self.stream = stream if stream is not None else os.environ.get("MQSTORE_STREAM", "1") != "0"
-        self._stream_ports: dict[str, int | None] = {}       # API address -> stream port (None: none)
+        self._stream_ports: dict[str, tuple[int | None, float]] = {}   # API address -> (stream port or None, when)
         self._streams: dict[str, StreamConnection] = {}
         self._opening: dict[str, asyncio.Lock] = {}
 
@@ -113,16 +115,25 @@ class Transport:
             conn = self._streams.get(addr)
             if conn is not None and not conn.closed:
                 return conn
-            if addr not in self._stream_ports:
+            port, at = self._stream_ports.get(addr, (None, -STREAM_RECHECK_S))
+            if port is None and time.monotonic() - at >= STREAM_RECHECK_S:
                 health = await self._http(addr, "GET", "/health", None, {}, {"Accept": MSGPACK}, timeout_s)
                 port = health[1].get("stream_port")
-                self._stream_ports[addr] = port if isinstance(port, int) and port > 0 else None
-            port = self._stream_ports[addr]
+                port = port if isinstance(port, int) and 0 < port < 65536 else None
+                self._stream_ports[addr] = (port, time.monotonic())
             if port is None:
                 return None
             host = addr.rpartition(":")[0]
-            conn = await StreamConnection.open(host, port, ssl_context=self.ssl_context, access_key=self.access_key,
-                                               secret_key=self.secret_key, timeout_s=timeout_s)
+            try:
+                conn = await StreamConnection.open(host, port, ssl_context=self.ssl_context,
+                                                   access_key=self.access_key, secret_key=self.secret_key,
+                                                   timeout_s=min(timeout_s, STREAM_CONNECT_TIMEOUT_S))
+            except (OSError, asyncio.TimeoutError) as e:
+                # The API answered but its stream port does not (a port mapping that publishes only
+                # the API, a firewall): HTTP for this node, and a new look after STREAM_RECHECK_S.
+                log.warning("produce stream %s:%s of %s unreachable (%r); sending over HTTP", host, port, addr, e)
+                self._stream_ports[addr] = (None, time.monotonic())
+                return None
             self._streams[addr] = conn
             return conn
 

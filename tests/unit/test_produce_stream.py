@@ -295,3 +295,56 @@ async def test_a_replayed_hello_is_refused(h, port):
     assert first[0][0] == F.HELLO_OK
     again = await raw_exchange(port, F.encode(F.HELLO, 1, hello), 0.3)
     assert again[0][0] == F.ERROR and again[0][2]["error"] == "UNAUTHENTICATED"
+
+
+# --- the SDK ----------------------------------------------------------------------------------------
+def sdk_test(stream_listening: bool):
+    """Decorator: `async def t(h, producer, stream_server)`: an HTTP API and, if
+    `stream_listening`, a stream server on the port the node's /health names."""
+    def wrap(fn):
+        def test(tmp_path):
+            async def go():
+                from aiohttp.test_utils import TestServer
+                from mqstore.client import AsyncProducer
+                from node.api import make_app
+                sport = lc.free_port()
+                h = make_broker(str(tmp_path), BrokerConfig(maped_file_size_consume_queue=20 * 64,
+                                                            stream_listen_port=sport))
+                await h.broker.start()
+                await h.broker.create_topic("T", 2)
+                http = TestServer(make_app(h.broker), host="127.0.0.1")
+                await http.start_server()
+                server = StreamServer(h.broker)
+                if stream_listening:
+                    await server.start("127.0.0.1", sport)
+                try:
+                    async with AsyncProducer("p", brokers=f"127.0.0.1:{http.port}") as producer:
+                        await fn(h, producer, server)
+                finally:
+                    await server.stop()
+                    await http.close()
+                    await h.broker.stop()
+            asyncio.run(go())
+        test.__name__ = fn.__name__
+        return test
+    return wrap
+
+
+@sdk_test(stream_listening=True)
+async def test_the_sdk_producer_sends_on_the_stream_the_node_names(h, producer, server):
+    from mqstore.client import Message
+    results = await asyncio.gather(*(producer.send(Message("T", f"s{i}".encode())) for i in range(50)))
+    assert {r.status.value for r in results} == {"SEND_OK"}
+    assert server.frames_in == 1 + 50 and len(producer.transport._streams) == 1    # HELLO + the sends
+    await h.settle()
+    assert sorted(await bodies(h, "T", 0) + await bodies(h, "T", 1)) == sorted(f"s{i}".encode() for i in range(50))
+
+
+@sdk_test(stream_listening=False)
+async def test_regression_sdk_falls_back_to_http_when_the_named_stream_port_does_not_answer(h, producer, server):
+    # A compose cluster publishes only the API port: /health names a stream port the client
+    # cannot reach. The send must still succeed, over HTTP.
+    from mqstore.client import Message
+    r = await producer.send(Message("T", b"via-http"))
+    assert r.status.value == "SEND_OK" and server.frames_in == 0 and not producer.transport._streams
+    assert [p for p, _at in producer.transport._stream_ports.values()] == [None]
