@@ -32,6 +32,7 @@ from dledger.transport import HANDSHAKE_MAGIC, PROTOCOL_VERSION, frame
 from ha.ha_log import MASTER, SLAVE, HALog, HALogConfig
 from ha.replication import HATimings
 from mqstore import localcluster as lc
+from mqstore.client.stream import StreamConnection
 from node import peer_auth, tls
 from node.local_log import ASYNC_FLUSH, LocalLogConfig
 from node.peer_auth import PeerSecurity
@@ -88,13 +89,15 @@ class Group:
 
     def __init__(self, root: str, extra: dict[str, list[str]]):
         ids = ["n0", "n1", "n2"]
-        ports = lc.free_ports(6)
+        ports = lc.free_ports(9)
         self.api = dict(zip(ids, ports[:3]))
-        self.raft = dict(zip(ids, ports[3:]))
+        self.raft = dict(zip(ids, ports[3:6]))
+        self.stream = dict(zip(ids, ports[6:]))
         self.procs: dict[str, lc.NodeProc] = {}
         for n in ids:
             lines = lc.node_lines(self.api[n], os.path.join(root, n, "store"),
-                                  [*lc.SMALL_GEOMETRY, "maxMessageSize=65536", *extra.get(n, [])])
+                                  [*lc.SMALL_GEOMETRY, "maxMessageSize=65536", f"streamListenPort={self.stream[n]}",
+                                   *extra.get(n, [])])
             lines += lc.dledger_lines(n, GROUP, self.raft, self.api)
             conf = lc.write_conf(os.path.join(root, n, "broker.conf"), lines)
             self.procs[n] = lc.NodeProc(conf, self.api[n], os.path.join(root, n, "node.log"), n)
@@ -245,6 +248,23 @@ def test_tls_group_works_and_strangers_are_refused(tmp_path, pki):
         from mqstore.client.errors import MQConnectError
         with pytest.raises(MQConnectError):
             asyncio.run(sdk(pki["other-ca"]))
+
+        # Sends go on the produce stream, in TLS with the same CA; a client of another CA is refused.
+        async def stream_send(ca):
+            t = Transport(3.0, tls_ca=ca)
+            await t.start()
+            try:
+                doc = await t.call(BrokerGroup(GROUP, [f"127.0.0.1:{port}"]), "POST", "/topics/T/messages",
+                                   {"messages": [{"body": b"over the tls stream"}]}, stream_topic="T")
+                return doc, len(t._streams)
+            finally:
+                await t.close()
+        doc, streams = asyncio.run(stream_send(pki["ca"]))
+        assert doc["results"][0]["status"] == "SEND_OK" and streams == 1
+        with pytest.raises(ssl.SSLCertVerificationError):
+            asyncio.run(StreamConnection.open("127.0.0.1", g.stream[leader], ssl_context=tls.client_context(pki["other-ca"])))
+        with pytest.raises((OSError, asyncio.TimeoutError)):    # plain TCP on the TLS stream port
+            asyncio.run(StreamConnection.open("127.0.0.1", g.stream[leader], timeout_s=2.0))
 
         # No remote call changes the config: there is no write route, and the secret is never shown.
         assert https(port, "POST", "/config", {"storePathRootDir": "/tmp/evil"}, ctx)[0] in (404, 405)
