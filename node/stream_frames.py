@@ -70,20 +70,32 @@ def decode_payload(payload: bytes) -> Any:
 
 
 class FrameReader:
-    """Splits received bytes into `(kind, request_id, payload)` frames; holds at most one
-    partial frame, which the cap bounds."""
+    """Splits received bytes into `(kind, request_id, payload)` frames. A frame still arriving
+    is kept as its received pieces and joined once, when it is whole (a large frame read in
+    many pieces is copied once, not once per piece); the cap bounds what is kept."""
 
-    __slots__ = ("max_frame_bytes", "_buf")
+    __slots__ = ("max_frame_bytes", "_parts", "_have", "_need")
 
     def __init__(self, max_frame_bytes: int):
         self.max_frame_bytes = max_frame_bytes
-        self._buf = b""
+        self._parts: list[bytes] = []
+        self._have = 0          # bytes in _parts
+        self._need = 0          # bytes _parts must reach before a frame can be cut from them
 
     def feed(self, data: bytes) -> list[tuple[int, int, bytes]]:
-        buf = self._buf + data if self._buf else data
+        if self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            buf = b"".join(self._parts)
+            self._parts, self._have = [], 0
+        else:
+            buf = data
         frames: list[tuple[int, int, bytes]] = []
         pos, end, size = 0, len(buf), HEADER.size
         unpack = HEADER.unpack_from
+        need = size
         while end - pos >= size:
             length, kind, rid = unpack(buf, pos)
             if length > self.max_frame_bytes:
@@ -93,12 +105,14 @@ class FrameReader:
                 raise FrameError(f"unknown frame kind {kind}")
             stop = pos + size + length
             if stop > end:
+                need = size + length
                 break
             frames.append((kind, rid, buf[pos + size:stop]))
             pos = stop
-        self._buf = buf[pos:] if pos < end else b""
+        if pos < end:
+            self._parts, self._have, self._need = [buf[pos:]], end - pos, need
         return frames
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return self._have
