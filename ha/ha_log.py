@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 
 MASTER = "MASTER"
 SLAVE = "SLAVE"
+SLAVE_DISPATCH_LINGER_S = 0.001       # a slave dispatches what 1 ms of pushes brought, as one batch
 _MAX_RECORDS_PER_ADVANCE = 100_000      # boundary tracking work per call; the rest waits for the next batch
 _TRUNCATE_SCAN_BYTES = 4 * 1024 * 1024  # chunk when reading a tail about to be truncated
 _ADVANCE_CHUNK_BYTES = 1024 * 1024      # slave: bytes read per pread when walking received records
@@ -176,6 +177,12 @@ class HALog:
 
     def role(self) -> str:
         return self._role
+
+    @property
+    def dispatch_linger_s(self) -> float:
+        """A slave commits per received push (<= 32 KiB): its dispatcher gathers a few (see
+        node/store/dispatcher.py LINGER_BELOW_BYTES). A master's commits are its producers'."""
+        return 0.0 if self._role == MASTER else SLAVE_DISPATCH_LINGER_S
 
     def leader(self) -> str | None:
         return (self.cfg.self_api_address or None) if self._role == MASTER else self._master_api

@@ -374,3 +374,31 @@ def test_dispatches_20k_keyed_1kib_messages(tmp_path, caplog):
     assert sorted(cq.max_offset for cq in s.cqs.queues()) == [n // 8] * 8
     for i in (0, n // 2, n - 1):
         assert s.index.query("Bench", f"k{i}", 0, 2**62, 5) == [log.records[i][0]]
+
+
+def test_a_log_that_asks_for_linger_gets_small_commits_dispatched_as_one_batch(tmp_path):
+    """An HA slave commits per received push; its log's dispatch_linger_s makes the run loop
+    gather the commits of that interval into one batch (fewer CQ and index writes)."""
+    async def scenario(linger: float) -> int:
+        log = FakeLog()
+        log.dispatch_linger_s = linger
+        s = Store(log, tmp_path / f"linger{linger}", flush_interval_ms=1000)
+        s.recover(log)
+        batches = []
+        real = s.d._dispatch_spans
+        s.d._dispatch_spans = lambda spans: batches.append(len(spans)) or real(spans)
+        s.d.start()
+        await asyncio.sleep(0.01)
+        for i in range(10):                  # ten commits of one record, 1 ms apart
+            log.append("TopicA", i % 2)
+            await asyncio.sleep(0.001)
+        for _ in range(200):
+            if s.d.position == log.end:
+                break
+            await asyncio.sleep(0.005)
+        assert s.d.position == log.end and sum(batches) == 10
+        await s.d.stop()
+        return len(batches)
+
+    assert asyncio.run(scenario(0.0)) >= 8           # no linger: a batch per commit, or nearly
+    assert asyncio.run(scenario(0.02)) <= 3          # 20 ms linger: the ten commits in a few batches
