@@ -40,7 +40,7 @@ sim: install          ## deterministic simulation over many seeds
 	$(BIN)/python -m tests.sim.run --seeds $(SEEDS)
 
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= message dledger_entry entry_store consume_queue index_file ha_protocol raft_codec raft_transport rest_api rest_app
+FUZZ_TARGETS ?= message dledger_entry entry_store consume_queue index_file ha_protocol raft_codec raft_transport rest_api rest_app produce_stream
 fuzz: install         ## every atheris harness for FUZZ_SECONDS each (finds go to /tmp/mqstore-fuzz/<target>)
 	@for t in $(FUZZ_TARGETS); do echo "== fuzz.$$t ($(FUZZ_SECONDS) s)"; \
 	  $(BIN)/python -m fuzz.$$t -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 || exit 1; done

@@ -190,8 +190,20 @@ def rest_app() -> list[bytes]:
     return seeds
 
 
+def produce_stream() -> list[bytes]:
+    from node import stream_frames as F
+    send = F.encode(F.SEND, 1, {"topic": "T", "messages": [{"body": b"hello", "tags": "a"}]})
+    batch = F.encode(F.SEND, 2, {"topic": "T", "messages": [{"body": b"x" * 100, "queue_id": i,
+                                                              "keys": ["k"], "properties": {"p": "v"}}
+                                                             for i in range(8)]})
+    hello = F.encode(F.HELLO, 0, {})
+    return [b"\x00" + hello + send + batch, b"\x07" + send * 3, b"\x00" + F.encode(F.SEND, 3, {"topic": "bad name"}),
+            b"\x00" + F.HEADER.pack(1 << 30, F.SEND, 1), b"\x00" + F.HEADER.pack(3, 99, 1) + b"abc",
+            b"\x02" + F.HEADER.pack(2, F.SEND, 4) + b"\xc1\xc1", b""]
+
+
 TARGETS = {f.__name__: f for f in (message, dledger_entry, ha_protocol, raft_codec, raft_transport,
-                                    consume_queue, index_file, entry_store, rest_api, rest_app)}
+                                    consume_queue, index_file, entry_store, rest_api, rest_app, produce_stream)}
 
 
 def main() -> None:

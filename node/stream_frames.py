@@ -65,7 +65,8 @@ class Encoder:
 def decode_payload(payload: bytes) -> Any:
     try:
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+    # TypeError: a map key msgpack cannot hash (an array or a map).
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
         raise FrameError(f"a frame's payload is not msgpack: {e}") from None
 
 

@@ -27,6 +27,7 @@ TARGETS = {
     "raft_codec": 20_000,
     "raft_transport": 5_000,
     "rest_api": 10_000,
+    "produce_stream": 10_000,
     "rest_app": 1_500,
     "consume_queue": 1_500,
     "index_file": 1_500,

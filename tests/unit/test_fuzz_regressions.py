@@ -43,3 +43,14 @@ class _Req:
 def test_msgpack_body_with_an_unhashable_map_key_is_a_400_not_a_500(raw):
     with pytest.raises(BadRequest, match="malformed msgpack"):
         asyncio.run(api.read_doc(_Req(raw)))
+
+
+def test_produce_stream_send_with_an_unhashable_map_key_is_that_request_s_400():
+    # SEND payload {{}: 0}: msgpack raised TypeError out of data_received, and asyncio closed
+    # the connection with "Fatal error: protocol.data_received() call failed".
+    from node.stream_frames import FrameError, decode_payload
+    with pytest.raises(FrameError, match="not msgpack"):
+        decode_payload(b"\x81\x80\x00")
+    from fuzz.produce_stream import test_one_input
+    from node import stream_frames as F
+    test_one_input(b"\x00" + F.HEADER.pack(3, F.SEND, 1) + b"\x81\x80\x00")    # allowed error only
