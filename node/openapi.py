@@ -179,7 +179,9 @@ def _schemas() -> dict[str, Any]:
             "leader": {"type": ["string", "null"]}}},
         "Health": {"type": "object", "properties": {
             "status": {"enum": ["UP", "DOWN"]}, "mode": string, "role": string, "group": string, "node_id": string,
-            "term": integer, "leader": string, "committed_offset": integer}},
+            "term": integer, "leader": string, "committed_offset": integer,
+            "stream_port": {"type": "integer", "description": "the produce stream's port (streamListenPort), "
+                            "when the node has one: docs/formats.md section 10"}}},
         "TopicCreate": {"type": "object", "required": ["topic"], "properties": {
             "topic": string, "queues": integer, "read_queues": integer, "write_queues": integer,
             "perm": {"type": "integer", "description": "4 read | 2 write, default 6"}}},
