@@ -8,19 +8,29 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SEEDS   ?= 1000
 RUN_DIR ?= /tmp/mqstore-run
 
-.PHONY: install run test test-fast bench sim up drill down clean lint image test-docker fuzz
+.PHONY: install sysdeps run test test-fast bench sim up drill down clean lint image test-docker fuzz
 
-install: $(STAMP)
+install: $(STAMP) sysdeps
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
-	@command -v java >/dev/null || echo "note: Java 17 is needed for the Spark pipeline (apt-get install -y openjdk-17-jre-headless)"
-	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { command -v apt-get >/dev/null && \
-	  [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
-	  echo "note: the dashboard browser test needs Debian's chromium and chromium-driver (apt-get as root)" >&2
 	touch $(STAMP)
+
+# Debian packages some test tiers need, installed when missing and we are root: Java 17 (Spark
+# pipeline), iptables and iproute2 (network-namespace drills), chromium (dashboard browser test).
+APT_GET := apt-get -y -qq -o Dpkg::Use-Pty=0
+sysdeps:
+	@need=""; \
+	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
+	{ command -v iptables >/dev/null && command -v ip >/dev/null; } || need="$$need iptables iproute2"; \
+	{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || need="$$need chromium chromium-driver"; \
+	if [ -n "$$need" ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$need"; apt-get update -qq && $(APT_GET) install $$need >/dev/null; \
+	  else echo "note: some test tiers need Debian packages:$$need (apt-get install as root)" >&2; fi; \
+	fi
 
 run: install          ## a local cluster on loopback as plain processes (SECURE=1: ACL and peer auth on)
 	$(BIN)/mqstore cluster up --dir $(RUN_DIR) $(if $(SECURE),--secure)

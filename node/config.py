@@ -183,7 +183,7 @@ class BrokerConfig:
     # (ours) Client HTTP connections open at once on the API port, TLS handshakes in progress included;
     # beyond it a new connection is closed on accept.
     max_http_connections: int = _key("maxHttpConnections", 4096)
-    # (ours) Produce stream connections open at once (TLS handshakes included); beyond it closed on accept.
+    # (ours) Produce stream connections open at once; beyond it a new one gets an ERROR frame and is closed.
     max_stream_connections: int = _key("maxStreamConnections", 1024)
     # Delay levels for scheduled messages and retries (RocketMQ's messageDelayLevel).
     message_delay_level: str = _key("messageDelayLevel",
