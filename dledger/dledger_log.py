@@ -332,8 +332,12 @@ class DLedgerLog:
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(first, last, self._writable_term, fut))
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.append_timeout_s)
-        except asyncio.TimeoutError:
+            # The future itself, under asyncio.timeout: its commit wakes this task in the next
+            # loop turn (wait_for over a shield took three), and a cancel always surfaces. On
+            # timeout the future is cancelled: _apply_commits skips it.
+            async with asyncio.timeout(self.append_timeout_s):
+                await fut
+        except TimeoutError:
             return PutStatus.FLUSH_SLAVE_TIMEOUT, now, results
         return PutStatus.SEND_OK, now, results
 

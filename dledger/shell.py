@@ -248,6 +248,7 @@ class RaftNode:
                 core.step(sender, msg)
             while core.has_ready():
                 self._handle(core.ready())
+        self.transport.flush()      # this round's messages leave now, not a loop turn later
 
     def _handle(self, rd: Ready) -> None:
         """persist -> send -> apply -> advance (no awaits: the core stays consistent)."""

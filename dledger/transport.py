@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 HANDSHAKE_MAGIC = "mqstore-raft"
 # 2: Append entries travel as one binary blob with per-entry body CRCs (dledger.codec).
 PROTOCOL_VERSION = 2
+FLUSH_BUFFER_BYTES = 1 << 20   # flush() leaves a peer whose socket holds this much unsent to its sender task
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,16 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     return await reader.readexactly(length)
 
 
+def _take(queue: collections.deque[bytes], cap: int) -> tuple[list[bytes], int]:
+    """Frames from the front of `queue` up to `cap` bytes (at least one)."""
+    batch, size = [], 0
+    while queue and (not batch or size + len(queue[0]) <= cap):
+        f = queue.popleft()
+        batch.append(f)
+        size += len(f)
+    return batch, size
+
+
 class _Peer:
     """Outbound side for one peer: queue + connection task."""
 
@@ -107,6 +118,7 @@ class _Peer:
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
         self.connected = False
+        self.writer: asyncio.StreamWriter | None = None    # while connected (flush() writes on it)
 
 
 class Transport:
@@ -173,6 +185,20 @@ class Transport:
         peer.queue.append(framed)
         peer.wakeup.set()
 
+    def flush(self) -> None:
+        """Write what the queues hold now to every connected peer whose socket is keeping up, in
+        this loop turn (the Raft loop calls it after a round); the sender tasks, a turn later,
+        write whatever is left (a peer over FLUSH_BUFFER_BYTES unsent, or not connected)."""
+        cap = self.config.write_batch_max_bytes
+        for peer in self._peers.values():
+            w = peer.writer
+            if not peer.queue or w is None or w.transport.is_closing() \
+                    or w.transport.get_write_buffer_size() >= FLUSH_BUFFER_BYTES:
+                continue
+            batch, size = _take(peer.queue, cap)
+            w.write(b"".join(batch))
+            self.metrics["frames_sent"] += len(batch)
+
     def is_connected(self, peer_id: str) -> bool:
         peer = self._peers.get(peer_id)
         return bool(peer and peer.connected)
@@ -185,6 +211,7 @@ class Transport:
             try:
                 writer = await self._connect(peer)
                 peer.connected = True
+                peer.writer = writer
                 backoff = self.config.reconnect_backoff_min_ms
                 await self._drain_queue(peer, writer)
             except peer_auth.PeerAuthError as e:
@@ -196,6 +223,7 @@ class Transport:
                 self.metrics["connect_failures"] += 1
             finally:
                 peer.connected = False
+                peer.writer = None
                 if writer is not None:
                     writer.close()
             jitter = 1.0 + (self.rng.random() - 0.5) * 0.4
@@ -231,11 +259,9 @@ class Transport:
             if not peer.queue:
                 peer.wakeup.clear()
                 await peer.wakeup.wait()
-            batch, size = [], 0
-            while peer.queue and (not batch or size + len(peer.queue[0]) <= cap):
-                f = peer.queue.popleft()
-                batch.append(f)
-                size += len(f)
+            if not peer.queue:
+                continue              # flush() wrote it already
+            batch, _size = _take(peer.queue, cap)
             writer.write(b"".join(batch))
             self.metrics["frames_sent"] += len(batch)
             await writer.drain()

@@ -230,8 +230,9 @@ class LocalLog:
         self._acks.append((end, fut))
         self._flush_wanted.set()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.config.sync_flush_timeout_ms / 1000)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(self.config.sync_flush_timeout_ms / 1000):   # woken in the next loop turn
+                await fut
+        except TimeoutError:
             log.warning("flush disk timeout", extra={"end": end, "flushed": self.commitlog.flushed_offset})
             return PutStatus.FLUSH_DISK_TIMEOUT
         return PutStatus.SEND_OK   # a failed fsync raised StoreFatal out of the await
