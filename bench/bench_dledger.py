@@ -4,8 +4,10 @@
 
 Three `python -m node --config broker.conf` processes form one DLedger group on free
 loopback ports, each with its own store under a temp dir (removed at the end). A client
-in this process speaks the HTTP API with msgpack bodies, 1 KiB messages, always to the
-current leader. Cases (each bounded in messages and seconds):
+in this process sends 1 KiB messages to the current leader on its produce stream (the SDK's
+StreamConnection: pipelined SEND frames, node/produce_stream.py); every ASYNC_FLUSH case is
+then run again over the HTTP API with msgpack bodies as `<case>_http`, which shows what one
+HTTP request costs. Cases (each bounded in messages and seconds):
 
 - async_batched     ASYNC_FLUSH, `BATCH` messages per request, `BATCH_CONNS` requests in flight
 - per_message_256   ASYNC_FLUSH, one message per request, 256 requests in flight
