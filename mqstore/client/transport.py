@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import aiohttp
 import msgpack
@@ -154,68 +154,56 @@ class Transport:
         budget = self.request_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + budget
         if stream_topic is not None and self.stream:
+            async def on_stream(addr: str, left: float) -> tuple[int, dict[str, Any]]:
+                conn = await self._stream_to(addr, left)
+                if conn is None:
+                    raise _NoStream()
+                return await conn.send(stream_topic, doc, left)
             try:
-                return await self._call_stream(group, stream_topic, doc, deadline, budget)
+                return await _with_redirects(group, budget, deadline, on_stream)
             except _NoStream:
                 pass
         data = msgpack.packb(doc, use_bin_type=True) if doc is not None else None
         headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
         query = {k: str(v) for k, v in (params or {}).items() if v is not None}
-        last: Exception | None = None
-        refused = 0                 # consecutive nodes that could not be reached
-        for _hop in range(MAX_HOPS):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            addr = group.target()
-            if self.access_key:      # a fresh nonce and timestamp per attempt: a retry is not a replay
-                headers = {**headers, **sign_headers(self.access_key, self.secret_key or "", method, path, query,
-                                                     data, int(time.time() * 1000))}
-            try:
-                status, body = await self._http(addr, method, path, data, query, headers, left)
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                last = e
-                refused += 1
-                if await _unreachable(group, addr, refused, deadline):
-                    break           # every node of the group is unreachable: fail fast, let the caller retry
-                continue
-            refused = 0
-            if status < 400:
-                group.leader = addr
-                return body
-            last = await _refused(group, addr, status, body, deadline)
-        raise _gave_up(group, budget, last)
 
-    async def _call_stream(self, group: BrokerGroup, topic: str, doc: Any, deadline: float,
-                           budget: float) -> dict[str, Any]:
-        """`call` for a send on produce streams, with its redirects and retries; _NoStream
-        when the node to try has no stream (the caller goes on over HTTP)."""
-        last: Exception | None = None
+        async def over_http(addr: str, left: float) -> tuple[int, dict[str, Any]]:
+            signed = headers
+            if self.access_key:      # a fresh nonce and timestamp per attempt: a retry is not a replay
+                signed = {**headers, **sign_headers(self.access_key, self.secret_key or "", method, path, query,
+                                                    data, int(time.time() * 1000))}
+            return await self._http(addr, method, path, data, query, signed, left)
+        return await _with_redirects(group, budget, deadline, over_http)
+
+
+async def _with_redirects(group: BrokerGroup, budget: float, deadline: float,
+                          attempt: Callable[[str, float], Awaitable[tuple[int, dict[str, Any]]]]) -> dict[str, Any]:
+    """`attempt(addr, seconds left)` on the group's leader until an answer below 400: a
+    NOT_LEADER answer moves to the hinted leader, an unreachable node to the next address,
+    both within the deadline and MAX_HOPS; any other error answer is raised."""
+    last: Exception | None = None
+    refused = 0                 # consecutive nodes that could not be reached
+    for _hop in range(MAX_HOPS):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        addr = group.target()
+        try:
+            status, body = await attempt(addr, left)
+        except StreamRefused as e:
+            status, body = e.status, e.doc     # e.g. a HELLO refused: that is the answer
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            last = e
+            refused += 1
+            if await _unreachable(group, addr, refused, deadline):
+                break           # every node of the group is unreachable: fail fast, let the caller retry
+            continue
         refused = 0
-        for _hop in range(MAX_HOPS):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            addr = group.target()
-            try:
-                conn = await self._stream_to(addr, left)
-                if conn is None:
-                    raise _NoStream()
-                status, body = await conn.send(topic, doc, left)
-            except StreamRefused as e:
-                status, body = e.status, e.doc     # e.g. a HELLO refused: that is the answer
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
-                last = e
-                refused += 1
-                if await _unreachable(group, addr, refused, deadline):
-                    break
-                continue
-            refused = 0
-            if status < 400:
-                group.leader = addr
-                return body
-            last = await _refused(group, addr, status, body, deadline)
-        raise _gave_up(group, budget, last)
+        if status < 400:
+            group.leader = addr
+            return body
+        last = await _refused(group, addr, status, body, deadline)
+    raise _gave_up(group, budget, last)
 
 
 class _NoStream(Exception):
