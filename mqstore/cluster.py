@@ -43,6 +43,11 @@ class NodeSpec:
     def api(self) -> str:
         return f"127.0.0.1:{self.api_port}"
 
+    @property
+    def stream_port(self) -> int:
+        """The produce stream, at RocketMQ's fast-channel port (listenPort - 2)."""
+        return self.api_port - 2
+
 
 def write_security(directory: str) -> tuple[str, str]:
     """acl.json (one admin account) and cluster.secret with fresh random secrets in `directory`;
@@ -82,7 +87,7 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
             "brokerId=0",
             "brokerIP1=127.0.0.1",
             f"listenPort={s.api_port}",
-            f"streamListenPort={s.api_port - 2}",     # the produce stream, at RocketMQ's fast-channel port
+            f"streamListenPort={s.stream_port}",
             f"storePathRootDir={s.store_dir}",
             "flushDiskType=ASYNC_FLUSH",
             "mappedFileSizeCommitLog=67108864",
@@ -137,6 +142,7 @@ def secure_usage_text(specs: list[NodeSpec], leader: str | None, directory: str,
     nodes = "\n".join(f"  {s.node_id}  http://{s.api}   (store {s.store_dir}, log {s.log_path})" for s in specs)
     return f"""mqstore cluster is up ({len(specs)} node{'s' if len(specs) > 1 else ''}, secure); leader: {leader or 'electing'}
 {nodes}
+Produce streams (the SDK's pipelined send channel): {", ".join(f"127.0.0.1:{s.stream_port}" for s in specs)}
 
 ACL is on: every request but /health and /metrics is signed (an unsigned curl gets 401), and the
 Raft peers prove the cluster secret before any frame ({os.path.join(directory, SECRET_FILE)}).
@@ -160,6 +166,7 @@ def usage_text(specs: list[NodeSpec], leader: str | None, directory: str) -> str
     nodes = "\n".join(f"  {s.node_id}  http://{s.api}   (store {s.store_dir}, log {s.log_path})" for s in specs)
     return f"""mqstore cluster is up ({len(specs)} node{'s' if len(specs) > 1 else ''}); leader: {leader or 'electing'}
 {nodes}
+Produce streams (the SDK's pipelined send channel): {", ".join(f"127.0.0.1:{s.stream_port}" for s in specs)}
 
 Try it (against the leader):
   curl -s -XPOST {ep}/topics -d '{{"topic":"TopicTest","queues":4}}'
