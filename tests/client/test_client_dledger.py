@@ -73,7 +73,9 @@ def test_sends_and_consumption_ride_through_a_leader_kill(trio):
             old = trio.leader()
             await asyncio.to_thread(trio.kill9, old)
             await asyncio.gather(*senders)          # no send may fail: retries follow the new leader
+            streams = set(p.transport._streams)     # API addresses whose produce stream carried sends
         assert len(acked) == 240
+        assert f"127.0.0.1:{trio.api[trio.leader()]}" in streams, streams   # the new leader's too
         not_ok = [(r.status, r.msg_id) for r in acked if r.status is not SendStatus.SEND_OK]
         assert not not_ok, f"sends acknowledged without SEND_OK: {not_ok}"
         new = trio.leader()
