@@ -8,8 +8,10 @@ appends the sends of each topic as one log batch (Broker.send_coalesced: each re
 still checked and placed as its own batch) and writes their answers in one write when
 that batch is acked: committed in DLedger mode, as the flush and HA policy says otherwise.
 
-Bounds: `maxStreamConnections` connections (closed on accept beyond it); a frame's payload
-at most `maxRequestBytes`, checked on its header; at most `maxInflightRequestsPerClient`
+Bounds: `maxStreamConnections` connections (closed on accept beyond it), a connection that
+sends no whole frame within 10 s closed, and one idle (nothing in flight, no frame) for 10
+minutes closed too (the SDK reconnects when it next sends); a frame's payload at most
+`maxRequestBytes`, checked on its header; at most `maxInflightRequestsPerClient`
 requests unanswered per connection, beyond which the node stops reading the connection
 until answers drain (TCP pushes back on the client); the same when the client does not
 read its answers (the transport's write buffer is over its high-water mark).
@@ -39,6 +41,9 @@ from node.store.errors import BadRequest, MessageTooLarge, StoreError
 log = logging.getLogger(__name__)
 
 SEND_PATTERN = "/topics/{topic}/messages"
+FIRST_FRAME_TIMEOUT_S = 10.0  # a connection that sends no whole frame by then is closed
+IDLE_TIMEOUT_S = 600.0        # one with nothing in flight and no frame for this long is closed
+SWEEP_S = 1.0                 # how often connections are checked against those two
 MAX_CACHED_TOPICS = 1024      # topic names a connection remembers as well-formed
 
 
@@ -72,8 +77,12 @@ def _error_frame(rid: int, code: str, message: str, status: int, retriable: bool
 class StreamServer:
     """Accepts produce streams for one broker; `start()` listens, `stop()` closes everything."""
 
-    def __init__(self, broker: Any, gate: AclGate | None = None, ssl_context: ssl.SSLContext | None = None):
+    def __init__(self, broker: Any, gate: AclGate | None = None, ssl_context: ssl.SSLContext | None = None,
+                 first_frame_timeout_s: float = FIRST_FRAME_TIMEOUT_S, idle_timeout_s: float = IDLE_TIMEOUT_S,
+                 sweep_s: float = SWEEP_S):
         cfg = broker.config
+        self.first_frame_timeout_s, self.idle_timeout_s, self.sweep_s = first_frame_timeout_s, idle_timeout_s, sweep_s
+        self._sweeper: asyncio.Task | None = None
         self.broker = broker
         self.gate = gate
         self.ssl_context = ssl_context
@@ -90,8 +99,25 @@ class StreamServer:
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: StreamProtocol(self), host, port, ssl=self.ssl_context,
                                                reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep(), name="produce-stream-sweeper")
+
+    async def _sweep(self) -> None:
+        """Close connections that never sent a frame, and idle ones (a slot each: the cap must
+        not fill with connections that do nothing). An idle client reconnects when it next sends."""
+        while True:
+            await asyncio.sleep(self.sweep_s)
+            now = time.monotonic()
+            for p in list(self.open):
+                if p.frames == 0 and now - p.last_frame_at > self.first_frame_timeout_s:
+                    p.fail_connection("TIMEOUT", f"no frame within {self.first_frame_timeout_s:g} s of connecting",
+                                      408, retriable=True)
+                elif p.inflight == 0 and now - p.last_frame_at > self.idle_timeout_s:
+                    p.fail_connection("IDLE", f"no request for {self.idle_timeout_s:g} s; reconnect to send", 408,
+                                      retriable=True)
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self.server is not None:
             self.server.close()
         for p in list(self.open):
@@ -118,6 +144,8 @@ class StreamProtocol(asyncio.Protocol):
         self.tasks: set[asyncio.Task] = set()
         self.encoder = F.Encoder()
         self.good_topics: set[str] = set()      # names already checked on this connection
+        self.frames = 0                          # whole frames received
+        self.last_frame_at = time.monotonic()    # or when the connection was accepted
 
     # --- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -162,10 +190,11 @@ class StreamProtocol(asyncio.Protocol):
             t.resume_reading()
             self.paused_reading = False
 
-    def _fail_connection(self, code: str, message: str, status: int) -> None:
+    def fail_connection(self, code: str, message: str, status: int, retriable: bool = False) -> None:
+        """Write a connection-level ERROR (request id 0) and close."""
         t = self.transport
         if t is not None:
-            t.write(_error_frame(F.CONNECTION, code, message, status))
+            t.write(_error_frame(F.CONNECTION, code, message, status, retriable))
             t.close()
             self.transport = None
 
@@ -178,10 +207,12 @@ class StreamProtocol(asyncio.Protocol):
         except F.FrameError as e:
             if e.limit:
                 limits.REJECTIONS.add(e.limit)
-            self._fail_connection("BAD_FRAME" if e.limit is None else "LIMIT_EXCEEDED", str(e), 413 if e.limit else 400)
+            self.fail_connection("BAD_FRAME" if e.limit is None else "LIMIT_EXCEEDED", str(e), 413 if e.limit else 400)
             return
         if not frames:
             return
+        self.frames += len(frames)
+        self.last_frame_at = time.monotonic()
         out: list[bytes] = []                        # answers known at once (errors, HELLO_OK)
         sends: dict[str, list[tuple[int, list]]] = defaultdict(list)
         token = limits._CURRENT.set(self.server.limits)
@@ -192,10 +223,10 @@ class StreamProtocol(asyncio.Protocol):
                         break
                     continue
                 if kind != F.SEND:
-                    self._fail_connection("BAD_FRAME", f"a client may send HELLO and SEND frames, not kind {kind}", 400)
+                    self.fail_connection("BAD_FRAME", f"a client may send HELLO and SEND frames, not kind {kind}", 400)
                     break
                 if self.server.gate is not None and self.access_key is None:
-                    self._fail_connection("UNAUTHENTICATED", "this node has aclEnable=true: the first frame must "
+                    self.fail_connection("UNAUTHENTICATED", "this node has aclEnable=true: the first frame must "
                                           "be a signed HELLO", 401)
                     break
                 try:
@@ -226,14 +257,14 @@ class StreamProtocol(asyncio.Protocol):
         try:
             doc = F.decode_payload(payload)
         except F.FrameError as e:
-            self._fail_connection("BAD_FRAME", str(e), 400)
+            self.fail_connection("BAD_FRAME", str(e), 400)
             return False
         gate = self.server.gate
         if gate is not None:
             try:
                 self.access_key = gate.hello(doc)
             except AuthError as e:
-                self._fail_connection(e.code, str(e), e.status)
+                self.fail_connection(e.code, str(e), e.status)
                 return False
         cfg = self.server.broker.config
         out.append(F.encode(F.HELLO_OK, rid, {"node_id": cfg.node_id,

@@ -8,6 +8,7 @@ what a well-behaved client never sends. Every refusal is checked to change nothi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -348,3 +349,47 @@ async def test_regression_sdk_falls_back_to_http_when_the_named_stream_port_does
     r = await producer.send(Message("T", b"via-http"))
     assert r.status.value == "SEND_OK" and server.frames_in == 0 and not producer.transport._streams
     assert [p for p, _at in producer.transport._stream_ports.values()] == [None]
+
+
+def test_silent_and_idle_connections_are_closed_and_the_client_reconnects(tmp_path):
+    # A connection that never sends a frame, or sends nothing for long, holds one of the
+    # maxStreamConnections slots: without these timeouts the cap could fill with idlers.
+    async def go():
+        h = make_broker(str(tmp_path), BrokerConfig(maped_file_size_consume_queue=20 * 64))
+        await h.broker.start()
+        await h.broker.create_topic("T", 1)
+        port = lc.free_port()
+        server = StreamServer(h.broker, first_frame_timeout_s=0.2, idle_timeout_s=1.0, sweep_s=0.05)
+        await server.start("127.0.0.1", port)
+        try:
+            silent = await raw_exchange(port, b"", read_for_s=2.0)
+            assert [(k, rid, d["error"], d["retriable"]) for k, rid, d in silent] == \
+                [(F.ERROR, F.CONNECTION, "TIMEOUT", True)]
+            conn = await StreamConnection.open("127.0.0.1", port)
+            for _ in range(4):                       # busy for longer than the idle timeout: kept
+                assert (await conn.send("T", one()))[0] == 200
+                await asyncio.sleep(0.25)
+            await asyncio.sleep(2.0)                 # then idle: closed, retriably
+            assert conn.closed and len(server.open) == 0
+            from mqstore.client.transport import BrokerGroup, Transport
+            from aiohttp.test_utils import TestServer
+            from node.api import make_app
+            h.broker.config = dataclasses.replace(h.broker.config, stream_listen_port=port)   # /health names it
+            http = TestServer(make_app(h.broker), host="127.0.0.1")
+            await http.start_server()
+            t = Transport(3.0)
+            await t.start()
+            try:
+                group = BrokerGroup("g", [f"127.0.0.1:{http.port}"])
+                for _ in range(2):                   # the SDK opens a new stream after an idle close
+                    doc = await t.call(group, "POST", "/topics/T/messages", one(), stream_topic="T")
+                    assert doc["results"][0]["status"] == "SEND_OK"
+                    await asyncio.sleep(2.0)
+                assert server.frames_in >= 4 + 2 * 2    # every send went on a stream
+            finally:
+                await t.close()
+                await http.close()
+        finally:
+            await server.stop()
+            await h.broker.stop()
+    asyncio.run(go())
