@@ -195,7 +195,7 @@ class Transport:
             if not peer.queue or w is None or w.transport.is_closing() \
                     or w.transport.get_write_buffer_size() >= FLUSH_BUFFER_BYTES:
                 continue
-            batch, size = _take(peer.queue, cap)
+            batch, _size = _take(peer.queue, cap)
             w.write(b"".join(batch))
             self.metrics["frames_sent"] += len(batch)
 
