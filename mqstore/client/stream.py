@@ -117,18 +117,24 @@ class StreamConnection(asyncio.Protocol):
             except F.FrameError as e:
                 doc = {"error": "BAD_RESPONSE", "message": str(e), "status": 502}
                 kind = F.ERROR
-            if rid == F.CONNECTION and kind == F.ERROR and isinstance(doc, dict):   # the node is closing it
-                self._lost = StreamRefused(int(doc.get("status", 500)), doc)
+            if not isinstance(doc, dict):
+                doc = {"error": "BAD_RESPONSE", "message": f"an answer that is not a map: {doc!r:.100}", "status": 502}
+                kind = F.ERROR
+            if rid == F.CONNECTION and kind == F.ERROR:     # about the connection: the node is closing it
+                status = doc.get("status", 500)
+                status = status if type(status) is int and status >= 400 else 502
+                self._lost = StreamRefused(status, doc)
                 for fut in self.pending.values():
                     if not fut.done():
-                        fut.set_result((int(doc.get("status", 500)), doc))
+                        fut.set_result((status, doc))
                 self.pending = pending = {}
                 continue
             fut = pending.pop(rid, None)
             if fut is None or fut.done():
                 continue
             if kind == F.ERROR:
-                fut.set_result((int(doc.get("status", 500)) if isinstance(doc, dict) else 502, doc))
+                status = doc.get("status", 500)
+                fut.set_result((status if type(status) is int and status >= 400 else 502, doc))
             else:
                 fut.set_result((200, doc))
         if len(pending) < self.max_inflight:

@@ -393,3 +393,24 @@ def test_silent_and_idle_connections_are_closed_and_the_client_reconnects(tmp_pa
             await server.stop()
             await h.broker.stop()
     asyncio.run(go())
+
+
+def test_regression_a_node_answer_that_is_not_a_map_is_a_bad_response_not_a_crash():
+    # A RESULT whose payload is a list, and an ERROR with a string status, from a broken node.
+    async def go():
+        async def broken(reader, writer):
+            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
+            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            sends = []
+            while len(sends) < 2:
+                sends += F.FrameReader(1 << 20).feed(await reader.read(1 << 20))
+            writer.write(F.encode(F.RESULT, sends[0][1], [1, 2]) +
+                         F.encode(F.ERROR, sends[1][1], {"error": "X", "status": "teapot"}))
+            await asyncio.sleep(1)
+        server = await asyncio.start_server(broken, "127.0.0.1", 0)
+        conn = await StreamConnection.open("127.0.0.1", server.sockets[0].getsockname()[1])
+        (s1, d1), (s2, d2) = await asyncio.gather(conn.send("T", one()), conn.send("T", one()))
+        assert (s1, d1["error"]) == (502, "BAD_RESPONSE") and (s2, d2["error"]) == (502, "X")
+        conn.close()
+        server.close()
+    asyncio.run(go())
