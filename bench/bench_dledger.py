@@ -10,7 +10,8 @@ then run again over the HTTP API with msgpack bodies as `<case>_http`, which sho
 HTTP request costs. Cases (each bounded in messages and seconds):
 
 - async_batched     ASYNC_FLUSH, `BATCH` messages per request, `BATCH_CONNS` requests in flight
-- per_message_256   ASYNC_FLUSH, one message per request, 256 requests in flight
+- per_message_256   ASYNC_FLUSH, one message per request, 256 requests in flight; on the stream
+                    sent from one loop with done callbacks, as the NATS anchor's client does
 - one_at_a_time     ASYNC_FLUSH, one message per request, one request in flight: p50/p99
 - sync_flush_64     SYNC_FLUSH on every replica, 64 producers, `SYNC_BATCH` messages each
 - failover          kill -9 of the leader -> first write acknowledged by the new leader;
@@ -341,6 +342,51 @@ async def load(sender, payload, per_request: int, inflight: int,
             "load1": load1()}
 
 
+async def load_windowed(sender: StreamSender, payload: dict, window: int, seconds: float, max_msgs: int) -> dict:
+    """One message per send from ONE loop, at most `window` unanswered, each counted by a
+    callback (StreamConnection.send_with_callback): how the NATS anchor's client publishes
+    (bench/anchors.py `_publish_async`, done callbacks), not a coroutine per message."""
+    state = {"acked": 0, "errors": 0, "first_error": None, "inflight": 0}
+    room = asyncio.Event()
+
+    def done(result: tuple[int, dict] | None, err: BaseException | None) -> None:
+        state["inflight"] -= 1
+        if state["inflight"] < window:
+            room.set()
+        if err is None:
+            status, answer = result
+            if status == 200 and answer["results"][0]["status"] == "SEND_OK":
+                state["acked"] += 1
+                return
+            err = f"{status}: {answer}"
+        state["errors"] += 1
+        state["first_error"] = state["first_error"] or repr(err)[:300]
+
+    conn = await sender._conn()
+    start = time.perf_counter()
+    deadline = start + seconds
+    sent = 0
+    while sent < max_msgs and time.perf_counter() < deadline and not conn.closed:
+        if state["inflight"] >= window or not conn.has_room:
+            room.clear()
+            await room.wait()
+            continue
+        conn.send_with_callback(TOPIC, payload, done, REQUEST_TIMEOUT_S)
+        state["inflight"] += 1
+        sent += 1
+    while state["inflight"] and time.perf_counter() < deadline + REQUEST_TIMEOUT_S:
+        room.clear()
+        try:
+            await asyncio.wait_for(room.wait(), 0.5)
+        except asyncio.TimeoutError:
+            pass
+    elapsed = time.perf_counter() - start
+    return {"transport": sender.transport, "client": "one loop, window, send callbacks", "msgs": state["acked"],
+            "errors": state["errors"], "first_error": state["first_error"], "leader_changes": 0,
+            "seconds": round(elapsed, 3), "msgs_per_s": state["acked"] / elapsed if elapsed else 0.0,
+            "load1": load1()}
+
+
 def pct_ms(sorted_s: list[float], q: float) -> float | None:
     if not sorted_s:
         return None
@@ -374,7 +420,10 @@ async def throughput_cases(cluster: Cluster, quick: bool, cases: set[str], ancho
                                                            nats_async, batch=BATCH, inflight_requests=BATCH_CONNS, **r)
                 if "per_message_256" in cases:
                     meter = CpuMeter(cluster, leader)
-                    r = await load(sender, sender.payload(1), 1, WINDOW, secs, 500_000)
+                    if isinstance(sender, StreamSender):    # the NATS anchor's client pattern
+                        r = await load_windowed(sender, sender.payload(1), WINDOW, secs, 500_000)
+                    else:                                  # aiohttp: a request per coroutine
+                        r = await load(sender, sender.payload(1), 1, WINDOW, secs, 500_000)
                     r["cpu_us_per_msg"] = meter.per_msg_us(r["msgs"])
                     target = 1.5 * nats_async if nats_async else None
                     out["per_message_256" + suffix] = figure(r["msgs_per_s"], "msg/s", target, "nats_r3_async",

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import ssl
 import time
-from typing import Any, Awaitable
+from typing import Any, Awaitable, Callable
 
 from node import stream_frames as F
 from node.acl import sign_headers
+
+log = logging.getLogger(__name__)
 
 REQUEST_ID_MAX = 0xFFFF_FFFF
 DEFAULT_TIMEOUT_S = 10.0
@@ -35,11 +38,38 @@ class StreamRefused(Exception):
         self.status, self.doc = status, doc
 
 
+class _Callback:
+    """A pending request answered by calling a function: the Future methods this module uses."""
+
+    __slots__ = ("fn", "_done")
+
+    def __init__(self, fn: Callable[[Any, BaseException | None], None]):
+        self.fn = fn
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, result: Any) -> None:
+        self._done = True
+        self._call(result, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done = True
+        self._call(None, error)
+
+    def _call(self, result: Any, error: BaseException | None) -> None:
+        try:
+            self.fn(result, error)
+        except Exception:  # noqa: BLE001 - a caller's bug must not stop the answers of the others
+            log.exception("produce stream: a send callback failed")
+
+
 class StreamConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.reader = F.FrameReader(64 * 1024 * 1024)
-        self.pending: dict[int, asyncio.Future] = {}
+        self.pending: dict[int, Any] = {}        # request id -> asyncio.Future or _Callback
         self.max_inflight = 1
         self.max_frame_bytes = 0
         self.node_id = ""
@@ -167,13 +197,30 @@ class StreamConnection(asyncio.Protocol):
             await asyncio.wait_for(self._can_write.wait(), max(0.0, deadline - time.monotonic()))
         return await self._request(F.SEND, payload, max(0.0, deadline - time.monotonic()))
 
-    def _request(self, kind: int, doc: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> asyncio.Future:
+    @property
+    def has_room(self) -> bool:
+        """A send now would be within the window and the socket keeps up."""
+        return len(self.pending) < self.max_inflight and self._can_write.is_set()
+
+    def send_with_callback(self, topic: str, doc: dict[str, Any],
+                           callback: Callable[[tuple[int, dict[str, Any]] | None, BaseException | None], None],
+                           timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        """`send` without a future: `callback((status, answer), None)` when the answer arrives,
+        `callback(None, error)` on timeout or a lost connection (RocketMQ's SendCallback). It
+        runs on the event loop, where the answer is read: keep it short. Call it only when
+        `has_room`; ConnectionResetError if the connection is closed."""
+        if not self.has_room:
+            raise RuntimeError("the produce stream's window is full: wait until has_room")
+        self._request(F.SEND, {"topic": topic, "messages": doc["messages"]}, timeout_s, _Callback(callback))
+
+    def _request(self, kind: int, doc: Any, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 waiter: "asyncio.Future | _Callback | None" = None) -> Any:
         if self._lost is not None or self.transport is None:
             raise ConnectionResetError(f"produce stream closed: {self._lost}")
         self._next_id = self._next_id % REQUEST_ID_MAX + 1     # 0 is the connection's own id
         rid = self._next_id
         loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        fut = waiter if waiter is not None else loop.create_future()
         self.pending[rid] = fut
         self._deadlines.append((time.monotonic() + timeout_s, rid))
         if self._sweeper is None:

@@ -414,3 +414,47 @@ def test_regression_a_node_answer_that_is_not_a_map_is_a_bad_response_not_a_cras
         conn.close()
         server.close()
     asyncio.run(go())
+
+
+@stream_test()
+async def test_send_with_callback_answers_each_send_once(h, port):
+    conn = await StreamConnection.open("127.0.0.1", port)
+    got: list = []
+    done = asyncio.Event()
+
+    def cb(result, error):
+        got.append((result, error))
+        if len(got) == 50:
+            done.set()
+    for i in range(50):
+        assert conn.has_room
+        conn.send_with_callback("T", one(f"c{i}".encode(), queue_id=0), cb)
+    await asyncio.wait_for(done.wait(), 5)
+    assert [e for _, e in got] == [None] * 50
+    assert sorted(r[1]["results"][0]["queue_offset"] for r, _ in got) == list(range(50))
+    await h.settle()
+    assert await bodies(h, "T", 0) == [f"c{i}".encode() for i in range(50)]
+    conn.close()
+    await asyncio.sleep(0.05)
+    with pytest.raises(ConnectionResetError):
+        conn.send_with_callback("T", one(), cb)
+
+
+def test_send_with_callback_reports_a_timeout_and_a_lost_connection_as_errors():
+    async def go():
+        async def silent_then_gone(reader, writer):
+            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
+            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await reader.read(1 << 20)
+            await asyncio.sleep(0.6)
+            writer.transport.abort()
+        server = await asyncio.start_server(silent_then_gone, "127.0.0.1", 0)
+        conn = await StreamConnection.open("127.0.0.1", server.sockets[0].getsockname()[1])
+        got: list = []
+        conn.send_with_callback("T", one(), lambda r, e: got.append(("short", r, e)), timeout_s=0.1)
+        conn.send_with_callback("T", one(), lambda r, e: got.append(("long", r, e)), timeout_s=30)
+        await asyncio.sleep(1.0)
+        kinds = {name: type(e) for name, r, e in got if r is None}
+        assert kinds == {"short": asyncio.TimeoutError, "long": ConnectionResetError}, got
+        server.close()
+    asyncio.run(go())
