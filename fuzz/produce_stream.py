@@ -40,8 +40,7 @@ def test_one_input(data: bytes) -> None:
     n, buf = ((data[0] % 16) + 1, data[1:]) if data else (1, b"")
     proto = StreamProtocol(_Server())
     reader = F.FrameReader(CAP)
-    token = limits._CURRENT.set(proto.server.limits)
-    try:
+    with limits.applied(proto.server.limits):
         for chunk in _chunks(buf, n):
             try:
                 frames = reader.feed(chunk)
@@ -57,8 +56,6 @@ def test_one_input(data: bytes) -> None:
                 except StoreError:
                     continue
                 assert isinstance(topic, str) and all(isinstance(m.body, bytes) for m in messages)
-    finally:
-        limits._CURRENT.reset(token)
 
 
 def main() -> None:

@@ -148,6 +148,16 @@ def current() -> Limits:
     return _CURRENT.get()
 
 
+@contextlib.contextmanager
+def applied(lim: Limits) -> Iterator[None]:
+    """`current()` is `lim` inside the block (a request handled outside the HTTP middleware)."""
+    token = _CURRENT.set(lim)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
 # --- checks the request parsers call ---------------------------------------------------------------
 def check_batch(count: int, limits: Limits | None = None) -> None:
     lim = limits or current()

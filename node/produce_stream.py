@@ -215,8 +215,7 @@ class StreamProtocol(asyncio.Protocol):
         self.last_frame_at = time.monotonic()
         out: list[bytes] = []                        # answers known at once (errors, HELLO_OK)
         sends: dict[str, list[tuple[int, list]]] = defaultdict(list)
-        token = limits._CURRENT.set(self.server.limits)
-        try:
+        with limits.applied(self.server.limits):
             for kind, rid, payload in frames:
                 if kind == F.HELLO:
                     if not self._hello(rid, payload, out):
@@ -238,8 +237,6 @@ class StreamProtocol(asyncio.Protocol):
                     out.append(_error_frame(rid, e.code, str(e), e.status))
                     continue
                 sends[topic].append((rid, messages))
-        finally:
-            limits._CURRENT.reset(token)
         t = self.transport
         if t is None:
             return

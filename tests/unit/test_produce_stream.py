@@ -86,6 +86,12 @@ async def raw_exchange(port: int, data: bytes, read_for_s: float = 1.0) -> list[
     return [(k, rid, F.decode_payload(p)) for k, rid, p in F.FrameReader(1 << 20).feed(got)]
 
 
+async def answer_hello(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """What a stand-in node does first: read the client's HELLO and answer HELLO_OK."""
+    frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
+    writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+
+
 # --- frames ---------------------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(sorted(F.KINDS)), st.integers(0, 2**32 - 1), st.binary(max_size=300)),
@@ -226,8 +232,7 @@ async def test_window_is_the_node_s_inflight_bound_and_every_send_completes(h, p
 def test_a_request_never_answered_times_out_on_the_client():
     async def go():
         async def silent(reader, writer):       # answers HELLO, then never a SEND
-            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
-            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await answer_hello(reader, writer)
             await reader.read(1 << 20)
             await asyncio.sleep(5)
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
@@ -246,8 +251,7 @@ def test_a_request_never_answered_times_out_on_the_client():
 def test_a_lost_connection_fails_every_request_in_flight():
     async def go():
         async def drop(reader, writer):
-            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
-            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await answer_hello(reader, writer)
             await reader.read(1 << 20)
             writer.transport.abort()
         server = await asyncio.start_server(drop, "127.0.0.1", 0)
@@ -399,8 +403,7 @@ def test_regression_a_node_answer_that_is_not_a_map_is_a_bad_response_not_a_cras
     # A RESULT whose payload is a list, and an ERROR with a string status, from a broken node.
     async def go():
         async def broken(reader, writer):
-            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
-            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await answer_hello(reader, writer)
             sends = []
             while len(sends) < 2:
                 sends += F.FrameReader(1 << 20).feed(await reader.read(1 << 20))
@@ -443,8 +446,7 @@ async def test_send_with_callback_answers_each_send_once(h, port):
 def test_send_with_callback_reports_a_timeout_and_a_lost_connection_as_errors():
     async def go():
         async def silent_then_gone(reader, writer):
-            frames = F.FrameReader(1 << 20).feed(await reader.read(1024))
-            writer.write(F.encode(F.HELLO_OK, frames[0][1], {"max_inflight": 8}))
+            await answer_hello(reader, writer)
             await reader.read(1 << 20)
             await asyncio.sleep(0.6)
             writer.transport.abort()
