@@ -91,8 +91,9 @@ class ReadyListener(Protocol):
         """Entries >= from_index are gone (truncate or reset)."""
 
     def on_ready(self, ready: Ready) -> None:
-        """After persist and send, before advance: role, term and commit of this Ready.
-        Must not feed the core."""
+        """Role, term and commit of this Ready, in order, once it is persisted and advanced and
+        the round's messages are written (before a later Ready of the round truncates or
+        resets the store). Must not feed the core."""
 
     def on_fatal(self, error: BaseException) -> None:
         """The node stopped because the store failed."""
@@ -230,16 +231,19 @@ class RaftNode:
                 return
 
     def _round(self) -> None:
-        """Feed the core what arrived, then handle Readies until there are none."""
+        """Feed the core what arrived, handle Readies until there are none, send what they
+        hold, then hand them to the listener (which applies commits). A follower's ack and a
+        leader's pushes thus leave before the commits are applied, not after."""
         core = self.core
         assert core is not None
+        handled: list[Ready] = []
         while self._ticks_due or self._inbox or self._durable_grew or core.has_ready():
             if self._durable_grew:
                 # The group-commit flusher made more entries durable: report it (an empty
                 # Ready is legal here) so the leader counts itself and followers ack.
                 self._durable_grew = False
                 if self.store.flushed_index > core.durable_index:
-                    self._handle(core.ready())
+                    self._handle(core.ready(), handled)
             ticks, self._ticks_due = self._ticks_due, 0
             for _ in range(min(ticks, 10)):  # after a stall, do not fire a burst of elections
                 core.tick()
@@ -247,13 +251,25 @@ class RaftNode:
                 sender, msg = self._inbox.popleft()
                 core.step(sender, msg)
             while core.has_ready():
-                self._handle(core.ready())
+                self._handle(core.ready(), handled)
         self.transport.flush()      # this round's messages leave now, not a loop turn later
+        self._apply(handled)
 
-    def _handle(self, rd: Ready) -> None:
-        """persist -> send -> apply -> advance (no awaits: the core stays consistent)."""
+    def _apply(self, handled: list[Ready]) -> None:
+        """The listener gets the handled Readies, in order (and the list is emptied)."""
+        listener = self.listener
+        if listener is not None:
+            for rd in handled:
+                listener.on_ready(rd)
+        handled.clear()
+
+    def _handle(self, rd: Ready, handled: list[Ready]) -> None:
+        """persist -> send -> advance (no awaits: the core stays consistent); `rd` joins
+        `handled`, for the listener once the round's messages are written."""
         core, store, listener = self.core, self.store, self.listener
         assert core is not None and self.transport is not None
+        if rd.reset_base is not None or rd.truncate_from is not None:
+            self._apply(handled)    # the listener sees the Readies before these change the store
         if rd.reset_base is not None:
             store.reset_to(*rd.reset_base)
             if listener is not None:
@@ -273,8 +289,7 @@ class RaftNode:
         send = self.transport.send
         for dest, msg in rd.messages:
             send(dest, msg)
-        if listener is not None:
-            listener.on_ready(rd)
+        handled.append(rd)
         # SYNC_FLUSH: only what the flusher has fsynced counts (for our own vote in the
         # commit and for the acks a follower sends); the rest is reported when it lands.
         core.advance(rd, store.flushed_index if sync else None)

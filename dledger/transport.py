@@ -44,6 +44,7 @@ HANDSHAKE_MAGIC = "mqstore-raft"
 # 2: Append entries travel as one binary blob with per-entry body CRCs (dledger.codec).
 PROTOCOL_VERSION = 2
 FLUSH_BUFFER_BYTES = 1 << 20   # flush() leaves a peer whose socket holds this much unsent to its sender task
+RECEIVE_CHUNK = 256 * 1024     # bytes taken from a connection's buffer per read: all its whole frames are handled
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class Transport:
         self._server: asyncio.base_events.Server | None = None
         self._inbound: set[asyncio.Task] = set()
         self._closing = False
+        self._flush_scheduled = False
         self.metrics = collections.Counter()
         self._security = self.config.security or peer_auth.NO_SECURITY
 
@@ -183,17 +185,28 @@ class Transport:
             peer.queue.popleft()
             self.metrics["dropped_queue_full"] += 1
         peer.queue.append(framed)
-        peer.wakeup.set()
+        if not self._flush_scheduled:
+            # The Raft loop flushes at the end of its round, before this runs; a send from
+            # anywhere else leaves in the next turn. One callback per turn, not a task wake-up
+            # per message.
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._scheduled_flush)
+
+    def _scheduled_flush(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
 
     def flush(self) -> None:
         """Write what the queues hold now to every connected peer whose socket is keeping up, in
-        this loop turn (the Raft loop calls it after a round); the sender tasks, a turn later,
-        write whatever is left (a peer over FLUSH_BUFFER_BYTES unsent, or not connected)."""
+        this loop turn (the Raft loop calls it after a round); a peer over FLUSH_BUFFER_BYTES
+        unsent, or not connected, is left to its sender task, woken here."""
         cap = self.config.write_batch_max_bytes
         for peer in self._peers.values():
+            if not peer.queue:
+                continue
             w = peer.writer
-            if not peer.queue or w is None or w.transport.is_closing() \
-                    or w.transport.get_write_buffer_size() >= FLUSH_BUFFER_BYTES:
+            if w is None or w.transport.is_closing() or w.transport.get_write_buffer_size() >= FLUSH_BUFFER_BYTES:
+                peer.wakeup.set()
                 continue
             batch, _size = _take(peer.queue, cap)
             w.write(b"".join(batch))
@@ -326,9 +339,33 @@ class Transport:
         return sender
 
     async def _receive(self, sender: str, reader: asyncio.StreamReader) -> None:
-        cap = self.config.max_frame_bytes
+        """Every whole frame that has arrived, per wake-up: one read takes what the connection
+        holds (not two awaits per frame). A frame still arriving is finished with one
+        readexactly, so a large frame is copied once more, not once per piece."""
+        cap, head = self.config.max_frame_bytes, L.FRAME_LEN
+        hsize = head.size
+        metrics = self.metrics
+        buf = b""
         while True:
-            payload = await read_frame(reader, cap)
-            msg = codec.decode(payload)
-            self.metrics["frames_received"] += 1
-            self.on_message(sender, msg)
+            if len(buf) >= hsize:            # a frame whose length (checked) is known: its rest
+                buf += await reader.readexactly(hsize + head.unpack_from(buf, 0)[0] - len(buf))
+            else:
+                chunk = await reader.read(RECEIVE_CHUNK)
+                if not chunk:
+                    raise asyncio.IncompleteReadError(buf, None)
+                buf = buf + chunk if buf else chunk
+            pos, end = 0, len(buf)
+            view = memoryview(buf)
+            while end - pos >= hsize:
+                (length,) = head.unpack_from(buf, pos)
+                if length > cap:
+                    raise FrameError(f"frame of {length} bytes exceeds the cap of {cap}")
+                stop = pos + hsize + length
+                if stop > end:
+                    break
+                msg = codec.decode(view[pos + hsize:stop])
+                metrics["frames_received"] += 1
+                self.on_message(sender, msg)
+                pos = stop
+            view.release()
+            buf = buf[pos:]

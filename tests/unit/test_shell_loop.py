@@ -137,3 +137,53 @@ def test_sync_flush_commits_only_after_the_group_fsync_lands(tmp_path):
 
     asyncio.run(scenario())
 
+
+
+class Recording:
+    def __init__(self, events):
+        self.events = events
+
+    def on_recovered(self, node):
+        pass
+
+    def on_truncated(self, from_index):
+        self.events.append(("truncated", from_index))
+
+    def on_ready(self, ready):
+        self.events.append(("ready", ready.committed))
+
+    def on_fatal(self, error):
+        pass
+
+
+def test_a_round_writes_its_messages_before_the_listener_applies_its_commits(tmp_path):
+    """A follower's ack (or a leader's pushes) must not wait while the listener applies
+    commits: each round flushes the transport first, then hands its Readies over in order."""
+    async def scenario():
+        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", _port())}, store, RaftConfig(),
+                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        events: list = []
+        node.listener = Recording(events)
+        await node.start()
+        flush = node.transport.flush
+        node.transport.flush = lambda: (events.append(("flush",)), flush())
+        try:
+            for _ in range(300):
+                if node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index:
+                    break
+                await asyncio.sleep(0.01)
+            events.clear()
+            _first, last = node.propose([b"a", b"b"])
+            for _ in range(300):
+                if ("ready", last) in events:
+                    break
+                await asyncio.sleep(0.01)
+            at = events.index(("ready", last))
+            assert ("flush",) in events[:at], events
+            committed = [e[1] for e in events if e[0] == "ready"]
+            assert committed == sorted(committed), "Readies reach the listener in order"
+        finally:
+            await node.stop()
+
+    asyncio.run(scenario())

@@ -1,5 +1,6 @@
 """Raft transport: frame cap checked before reading, garbage closes the connection,
-handshake rejects strangers, bounded send queue, reconnect after the peer restarts.
+handshake rejects strangers, bounded send queue, reconnect after the peer restarts, frames
+read whole however the bytes arrive, and a send outside a Raft round still leaves.
 
 Method: real loopback sockets; raw asyncio streams play the misbehaving peer.
 """
@@ -12,8 +13,9 @@ import socket
 
 import msgpack
 
+from dledger import codec
 from dledger.messages import Append, Entry, EntryType, Heartbeat
-from dledger.transport import HANDSHAKE_MAGIC, PROTOCOL_VERSION, Transport, TransportConfig, frame
+from dledger.transport import HANDSHAKE_MAGIC, PROTOCOL_VERSION, RECEIVE_CHUNK, Transport, TransportConfig, frame
 from node.store import layout as L
 
 
@@ -57,6 +59,54 @@ def test_messages_flow_and_round_trip():
         await until(lambda: len(got1) == 100 and len(got0) == 1)
         assert got1[0] == ("n0", msg)
         assert got0[0] == ("n1", Heartbeat(2, "n1", 0))
+        await t0.stop()
+        await t1.stop()
+    asyncio.run(main())
+
+
+def test_frames_arrive_whole_however_the_bytes_are_cut():
+    """The receiver takes every whole frame of a read at once: frames packed into one write,
+    a frame cut at every byte, and a frame larger than one read all arrive, in order."""
+    async def main():
+        port = free_port()
+        got = []
+        t = make("n0", port, {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)}, got)
+        await t.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        beats = [Heartbeat(2, "n1", i) for i in range(50)]
+        writer.write(hello() + b"".join(frame(codec.encode(m)) for m in beats))       # packed
+        cut = frame(codec.encode(Heartbeat(2, "n1", 50)))
+        for i in range(len(cut)):                                                    # cut at every byte
+            writer.write(cut[i:i + 1])
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        big = Append(2, "n1", 0, 0, tuple(Entry(i + 1, 2, EntryType.NORMAL, bytes([i % 256]) * 4000) for i in range(300)), 0)
+        raw = frame(codec.encode(big)) + frame(codec.encode(Heartbeat(2, "n1", 51)))
+        assert len(raw) > 2 * RECEIVE_CHUNK
+        for i in range(0, len(raw), 70_001):                                         # larger than a read
+            writer.write(raw[i:i + 70_001])
+            await writer.drain()
+        await until(lambda: len(got) == 53)
+        assert [m for _s, m in got] == beats + [Heartbeat(2, "n1", 50), big, Heartbeat(2, "n1", 51)]
+        assert t.metrics["frames_received"] == 53 and t.metrics["bad_frames"] == 0
+        writer.close()
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_a_send_outside_a_raft_round_leaves_without_a_flush():
+    """Repair messages are sent outside the Raft round that ends with flush(): the transport
+    writes them in the next loop turn by itself."""
+    async def main():
+        p0, p1 = free_port(), free_port()
+        peers = {"n0": ("127.0.0.1", p0), "n1": ("127.0.0.1", p1)}
+        got1 = []
+        t0, t1 = make("n0", p0, peers, []), make("n1", p1, peers, got1)
+        await t0.start()
+        await t1.start()
+        await until(lambda: t0.is_connected("n1"))
+        t0.send("n1", Heartbeat(3, "n0", 7))          # no flush() call follows
+        await until(lambda: got1 == [("n0", Heartbeat(3, "n0", 7))])
         await t0.stop()
         await t1.stop()
     asyncio.run(main())
