@@ -8,7 +8,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SEEDS   ?= 1000
 RUN_DIR ?= /tmp/mqstore-run
 
-.PHONY: install sysdeps run test test-fast bench sim up drill down clean lint image test-docker fuzz
+.PHONY: install sysdeps run test test-fast bench sim up drill down clean image test-docker fuzz
 
 install: $(STAMP) sysdeps
 

@@ -44,6 +44,15 @@ def make(node, port, peers, got, **cfg):
                      lambda s, m: got.append((s, m)), TransportConfig(**cfg))
 
 
+async def listening_n0(got, **cfg):
+    """n0's transport listening, and a raw client connected to it (playing n1)."""
+    port = free_port()
+    t = make("n0", port, {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)}, got, **cfg)
+    await t.start()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    return t, port, reader, writer
+
+
 def test_messages_flow_and_round_trip():
     async def main():
         p0, p1 = free_port(), free_port()
@@ -68,11 +77,8 @@ def test_frames_arrive_whole_however_the_bytes_are_cut():
     """The receiver takes every whole frame of a read at once: frames packed into one write,
     a frame cut at every byte, and a frame larger than one read all arrive, in order."""
     async def main():
-        port = free_port()
         got = []
-        t = make("n0", port, {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)}, got)
-        await t.start()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        t, port, reader, writer = await listening_n0(got)
         beats = [Heartbeat(2, "n1", i) for i in range(50)]
         writer.write(hello() + b"".join(frame(codec.encode(m)) for m in beats))       # packed
         cut = frame(codec.encode(Heartbeat(2, "n1", 50)))
@@ -114,11 +120,8 @@ def test_a_send_outside_a_raft_round_leaves_without_a_flush():
 
 def test_frame_cap_checked_before_reading(caplog):
     async def main():
-        port = free_port()
         got = []
-        t = make("n0", port, {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)}, got, max_frame_bytes=1024)
-        await t.start()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        t, port, reader, writer = await listening_n0(got, max_frame_bytes=1024)
         writer.write(hello())
         # Announce 1 GiB and send nothing more: the server must close without waiting for it.
         writer.write(L.FRAME_LEN.pack(1 << 30))
@@ -136,11 +139,8 @@ def test_frame_cap_checked_before_reading(caplog):
 
 def test_garbage_frame_closes_connection(caplog):
     async def main():
-        port = free_port()
         got = []
-        t = make("n0", port, {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)}, got)
-        await t.start()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        t, port, reader, writer = await listening_n0(got)
         writer.write(hello() + frame(b"\xc1\xc1 not msgpack"))
         await writer.drain()
         assert await asyncio.wait_for(reader.read(), 2.0) == b""
