@@ -335,9 +335,13 @@ async def load(sender, payload, per_request: int, inflight: int,
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(inflight)))
-    elapsed = time.perf_counter() - start
-    return {"transport": sender.transport, "msgs": state["acked"], "errors": state["errors"],
-            "first_error": state["first_error"], "leader_changes": state["leader_changes"],
+    return load_result(sender, state, time.perf_counter() - start)
+
+
+def load_result(sender, state: dict, elapsed: float, **extra) -> dict:
+    """A load loop's figures from its `state` counters (acked, errors, first_error, leader_changes)."""
+    return {"transport": sender.transport, **extra, "msgs": state["acked"], "errors": state["errors"],
+            "first_error": state["first_error"], "leader_changes": state.get("leader_changes", 0),
             "seconds": round(elapsed, 3), "msgs_per_s": state["acked"] / elapsed if elapsed else 0.0,
             "load1": load1()}
 
@@ -380,11 +384,7 @@ async def load_windowed(sender: StreamSender, payload: dict, window: int, second
             await asyncio.wait_for(room.wait(), 0.5)
         except asyncio.TimeoutError:
             pass
-    elapsed = time.perf_counter() - start
-    return {"transport": sender.transport, "client": "one loop, window, send callbacks", "msgs": state["acked"],
-            "errors": state["errors"], "first_error": state["first_error"], "leader_changes": 0,
-            "seconds": round(elapsed, 3), "msgs_per_s": state["acked"] / elapsed if elapsed else 0.0,
-            "load1": load1()}
+    return load_result(sender, state, time.perf_counter() - start, client="one loop, window, send callbacks")
 
 
 def pct_ms(sorted_s: list[float], q: float) -> float | None:

@@ -97,14 +97,14 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     return await reader.readexactly(length)
 
 
-def _take(queue: collections.deque[bytes], cap: int) -> tuple[list[bytes], int]:
+def _take(queue: collections.deque[bytes], cap: int) -> list[bytes]:
     """Frames from the front of `queue` up to `cap` bytes (at least one)."""
     batch, size = [], 0
     while queue and (not batch or size + len(queue[0]) <= cap):
         f = queue.popleft()
         batch.append(f)
         size += len(f)
-    return batch, size
+    return batch
 
 
 class _Peer:
@@ -208,7 +208,7 @@ class Transport:
             if w is None or w.transport.is_closing() or w.transport.get_write_buffer_size() >= FLUSH_BUFFER_BYTES:
                 peer.wakeup.set()
                 continue
-            batch, _size = _take(peer.queue, cap)
+            batch = _take(peer.queue, cap)
             w.write(b"".join(batch))
             self.metrics["frames_sent"] += len(batch)
 
@@ -274,7 +274,7 @@ class Transport:
                 await peer.wakeup.wait()
             if not peer.queue:
                 continue              # flush() wrote it already
-            batch, _size = _take(peer.queue, cap)
+            batch = _take(peer.queue, cap)
             writer.write(b"".join(batch))
             self.metrics["frames_sent"] += len(batch)
             await writer.drain()

@@ -38,6 +38,12 @@ class StreamRefused(Exception):
         self.status, self.doc = status, doc
 
 
+def _error_status(doc: dict[str, Any]) -> int:
+    """An ERROR answer's HTTP status; 502 when the node sent none that is an error status."""
+    status = doc.get("status", 500)
+    return status if type(status) is int and status >= 400 else 502
+
+
 class _Callback:
     """A pending request answered by calling a function: the Future methods this module uses."""
 
@@ -151,8 +157,7 @@ class StreamConnection(asyncio.Protocol):
                 doc = {"error": "BAD_RESPONSE", "message": f"an answer that is not a map: {doc!r:.100}", "status": 502}
                 kind = F.ERROR
             if rid == F.CONNECTION and kind == F.ERROR:     # about the connection: the node is closing it
-                status = doc.get("status", 500)
-                status = status if type(status) is int and status >= 400 else 502
+                status = _error_status(doc)
                 self._lost = StreamRefused(status, doc)
                 for fut in self.pending.values():
                     if not fut.done():
@@ -163,8 +168,7 @@ class StreamConnection(asyncio.Protocol):
             if fut is None or fut.done():
                 continue
             if kind == F.ERROR:
-                status = doc.get("status", 500)
-                fut.set_result((status if type(status) is int and status >= 400 else 502, doc))
+                fut.set_result((_error_status(doc), doc))
             else:
                 fut.set_result((200, doc))
         if len(pending) < self.max_inflight:
