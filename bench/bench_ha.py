@@ -1,14 +1,17 @@
 """Classic master/slave HA with the controller, as real processes on loopback.
 
 Figures (DESIGN section 7), each with its anchor measured in the same run:
-- HTTP produce (1 KiB bodies, batches of HTTP_BATCH, HTTP_CONNECTIONS keep-alive connections,
-  the same load generator for all three) against a standalone node (the anchor), a
-  SYNC_MASTER with one slave (target >= 80 % of standalone) and an ASYNC_MASTER with one slave
-  (target >= 95 %); msg/s and request p99. All three deployments run at once (idle but for
-  their timers) and are measured in interleaved rounds, order rotated each round, so load
-  from elsewhere on the machine falls on all three alike; each figure is the median round.
-  Each slave is its own process: on a 2-core machine it competes with its master and the
-  load generator for CPU, so CPU per message of master, slave and standalone is reported too;
+- produce (1 KiB bodies, batches of HTTP_BATCH, HTTP_CONNECTIONS connections each with one
+  batch in flight, the same load generator for all three) against a standalone node (the
+  anchor), a SYNC_MASTER with one slave (target >= 80 % of standalone) and an ASYNC_MASTER
+  with one slave (target >= 95 %); msg/s and request p99. Twice: over HTTP, and over the
+  produce stream (the SDK's send channel, where a message costs the node about half as
+  much). All three deployments run at once (idle but for their timers) and are measured in
+  interleaved rounds, order rotated each round, so load from elsewhere on the machine falls
+  on all three alike; each figure is the median round. Each slave is its own process: on a
+  2-core machine it competes with its master and the load generator for CPU, so CPU per
+  message of master, slave and standalone is reported too, with the rate the two cores
+  allow at those costs (`two_core_bound_msgs_s`);
 - slave catch-up: a fresh slave joins a master holding N MiB; MB/s until its committed offset
   equals the master's (anchor: the disk's sequential write rate, measured here);
 - failover: kill -9 of the SYNC_MASTER -> first write the new master stores, with one
@@ -17,7 +20,7 @@ Figures (DESIGN section 7), each with its anchor measured in the same run:
   SLAVE_NOT_AVAILABLE (its only slave is the one just killed): stored and answered; the
   status is reported with each sample.
 Every node uses flushDiskType=ASYNC_FLUSH so the comparison isolates replication.
-Bounded: quick < 60 s, full < 4 min (time and count limits on every loop).
+Bounded: quick about 1 min, full < 5 min (time and count limits on every loop).
 
     python -m bench.bench_ha [--quick]
 """
@@ -35,7 +38,7 @@ import tempfile
 import time
 
 from bench.bench_store import (HTTP_BATCH, HTTP_CONNECTIONS, MIB, _one_request, figure, free_port, http_produce,
-                               load1, proc_cpu_s)
+                               load1, proc_cpu_s, stream_produce)
 from mqstore import localcluster as lc
 
 TOPIC = "HaBench"
@@ -82,11 +85,12 @@ class Procs:
         return self.procs[name].tail(limit) if name in self.procs else ""
 
 
-def _broker_conf(path: str, store: str, api: int, ha: int, role: str, extra: list[str]) -> None:
+def _broker_conf(path: str, store: str, api: int, ha: int, stream: int, role: str, extra: list[str]) -> None:
     with open(path, "w") as f:
         f.write("\n".join(["brokerClusterName=bench", "brokerName=broker-b", f"brokerRole={role}",
                            "flushDiskType=ASYNC_FLUSH", f"storePathRootDir={store}",
                            f"mappedFileSizeCommitLog={SEGMENT_BYTES}", f"listenPort={api}", f"haListenPort={ha}",
+                           f"streamListenPort={stream}",
                            "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", "autoCreateTopicEnable=false",
                            "logLevel=WARNING", *extra, ""]))
 
@@ -101,6 +105,7 @@ class Group:
         self.ctl_api, self.ctl_raft = free_port(), free_port()
         self.api: dict[int, int] = {}
         self.ha: dict[int, int] = {}
+        self.stream: dict[int, int] = {}
 
     def start_controller(self) -> None:
         self.p.spawn("ctl", lc.controller_argv(self.ctl_api, self.ctl_raft, os.path.join(self.root, "ctl"),
@@ -110,9 +115,9 @@ class Group:
 
     def start_broker(self, b: int) -> None:
         if b not in self.api:
-            self.api[b], self.ha[b] = free_port(), free_port()
+            self.api[b], self.ha[b], self.stream[b] = free_port(), free_port(), free_port()
         conf = os.path.join(self.root, f"broker{b}.conf")
-        _broker_conf(conf, os.path.join(self.root, f"store{b}"), self.api[b], self.ha[b], self.role,
+        _broker_conf(conf, os.path.join(self.root, f"store{b}"), self.api[b], self.ha[b], self.stream[b], self.role,
                      [f"brokerId={b}", f"controllerAddr=127.0.0.1:{self.ctl_api}"])
         self.p.spawn(f"b{b}", lc.node_argv(conf))
 
@@ -138,24 +143,40 @@ def _create_topic(port: int) -> None:
         raise RuntimeError(f"create topic answered {st}: {doc}")
 
 
-def _produce(port: int, secs: float, pid: int | None = None, slave_pid: int | None = None) -> dict:
-    """One measured round; with `slave_pid`, the slave's CPU per message rides along."""
-    s0 = proc_cpu_s(slave_pid) if slave_pid else 0.0
-    r = asyncio.run(http_produce(port, TOPIC, "msgpack", secs, 2_000_000, pid=pid))
-    if slave_pid and r["msgs"]:
-        r["slave_cpu_us_per_msg"] = round((proc_cpu_s(slave_pid) - s0) / r["msgs"] * 1e6, 2)
+class Target:
+    """One deployment under load: its master's HTTP and stream ports, its pid, its slave's pid."""
+
+    def __init__(self, api: int, stream: int, pid: int, slave_pid: int | None = None):
+        self.api, self.stream, self.pid, self.slave_pid = api, stream, pid, slave_pid
+
+    def produce(self, transport: str, secs: float, max_msgs: int = 2_000_000, pid: int | None = None) -> dict:
+        if transport == "stream":
+            return asyncio.run(stream_produce(self.stream, TOPIC, secs, max_msgs, pid=pid))
+        return asyncio.run(http_produce(self.api, TOPIC, "msgpack", secs, max_msgs, pid=pid))
+
+
+def _produce(t: Target, transport: str, secs: float) -> dict:
+    """One measured round; with a slave, the slave's CPU per message rides along, and the rate
+    two cores allow at the round's CPU per message (node + slave + load generator)."""
+    s0 = proc_cpu_s(t.slave_pid) if t.slave_pid else 0.0
+    r = t.produce(transport, secs, pid=t.pid)
+    if t.slave_pid and r["msgs"]:
+        r["slave_cpu_us_per_msg"] = round((proc_cpu_s(t.slave_pid) - s0) / r["msgs"] * 1e6, 2)
+    node, client = r.get("node_cpu_us_per_msg"), r.get("client_cpu_us_per_msg")
+    if node and client is not None:
+        r["two_core_bound_msgs_s"] = round(min(1e6 / node, 2e6 / (node + client + r.get("slave_cpu_us_per_msg", 0))))
     r["load1"] = load1()
     return r
 
 
-def standalone_up(root: str, p: "Procs") -> int:
-    api = free_port()
+def standalone_up(root: str, p: "Procs") -> Target:
+    api, stream = free_port(), free_port()
     conf = os.path.join(root, "standalone.conf")
-    _broker_conf(conf, os.path.join(root, "store-standalone"), api, free_port(), "ASYNC_MASTER", [])
+    _broker_conf(conf, os.path.join(root, "store-standalone"), api, free_port(), stream, "ASYNC_MASTER", [])
     p.spawn("standalone", lc.node_argv(conf))
     _wait(lambda: _req(api, "GET", "/health")[0] == 200, READY_TIMEOUT_S, "standalone node")
     _create_topic(api)
-    return api
+    return Target(api, stream, p.procs["standalone"].pid)
 
 
 def _median_round(rounds: list[dict]) -> dict:
@@ -166,17 +187,36 @@ def _median_round(rounds: list[dict]) -> dict:
     return out
 
 
-def produce_rounds(targets: dict[str, tuple[int, int | None, int | None]], rounds: int, secs: float) -> dict[str, dict]:
-    """Interleaved rounds over {name: (api port, node pid, slave pid)}, order rotated each round."""
+def produce_rounds(targets: dict[str, Target], transport: str, rounds: int, secs: float) -> dict[str, dict]:
+    """Interleaved rounds over the deployments, order rotated each round."""
     names = list(targets)
     for name in names:                                                         # warm-up
-        asyncio.run(http_produce(targets[name][0], TOPIC, "msgpack", 0.3, 5_000))
+        targets[name].produce(transport, 0.3, 5_000)
     got: dict[str, list[dict]] = {n: [] for n in names}
     for i in range(rounds):
         for name in names[i % len(names):] + names[:i % len(names)]:
-            port, pid, slave_pid = targets[name]
-            got[name].append(_produce(port, secs, pid, slave_pid))
+            got[name].append(_produce(targets[name], transport, secs))
     return {n: _median_round(r) for n, r in got.items()}
+
+
+def _anchor_facts(transport: str, base: dict) -> dict:
+    return {f"standalone_{transport}_msgs_s": round(base["msgs_s"], 1),
+            f"standalone_{transport}_p99_ms": base["p99_ms"],
+            f"standalone_{transport}_node_cpu_us_per_msg": base.get("node_cpu_us_per_msg"),
+            f"standalone_{transport}_rounds": base["rounds"]}
+
+
+def _ratio_figures(name: str, anchor: str, r: dict, base: dict, target: float) -> dict:
+    """`{name}_msgs_s` and `{name}_p99_ms`, each against the standalone node's (the anchor)."""
+    ratio = r["msgs_s"] / base["msgs_s"] if base["msgs_s"] else None
+    p99_ratio = base["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None
+    return {
+        f"{name}_msgs_s": figure(r["msgs_s"], "msg/s", None, f"{anchor}_msgs_s", base["msgs_s"],
+                                 meets=ratio is not None and ratio >= target, target_ratio=target,
+                                 **{k: v for k, v in r.items() if k not in ("msgs_s", "load1")}),
+        f"{name}_p99_ms": figure(r["p99_ms"], "ms", None, f"{anchor}_p99_ms", base["p99_ms"],
+                                 meets=p99_ratio is not None and p99_ratio >= target,
+                                 target_note=f"standalone p99 / this p99 >= {target}")}
 
 
 def group_up(root: str, role: str) -> Group:
@@ -250,34 +290,23 @@ def run(quick: bool, anchors: dict | None = None) -> dict:
     ok = False
     try:
         os.makedirs(sa.root)
-        sa_api = standalone_up(sa.root, sa)
+        targets = {"standalone": standalone_up(sa.root, sa)}
         for role in ("SYNC_MASTER", "ASYNC_MASTER"):
             d = os.path.join(root, role.lower())
             os.makedirs(d)
-            groups[role] = group_up(d, role)
-        targets = {"standalone": (sa_api, sa.procs["standalone"].pid, None)}
-        for role, g in groups.items():
-            targets[role] = (g.api[0], g.p.procs["b0"].pid, g.p.procs["b1"].pid)
-        res = produce_rounds(targets, rounds, secs)
+            g = groups[role] = group_up(d, role)
+            targets[role] = Target(g.api[0], g.stream[0], g.p.procs["b0"].pid, g.p.procs["b1"].pid)
+        out["anchors"] = {}
+        for transport in ("http", "stream"):
+            res = produce_rounds(targets, transport, rounds, secs)
+            out["anchors"].update(_anchor_facts(transport, res["standalone"]))
+            for role, target in (("SYNC_MASTER", 0.80), ("ASYNC_MASTER", 0.95)):
+                figs.update(_ratio_figures(f"{role.lower()}_{transport}", f"standalone_{transport}", res[role],
+                                           res["standalone"], target))
         sa.stop_all()
-        base = res["standalone"]
-        out["anchors"] = {"standalone_http_msgs_s": round(base["msgs_s"], 1), "standalone_p99_ms": base["p99_ms"],
-                          "standalone_node_cpu_us_per_msg": base.get("node_cpu_us_per_msg"),
-                          "standalone_rounds": base["rounds"]}
         disk = (anchors or {}).get("disk") or {}
         if disk:
             out["anchors"]["shared_disk"] = disk
-        for role, target in (("SYNC_MASTER", 0.80), ("ASYNC_MASTER", 0.95)):
-            r = res[role]
-            ratio = r["msgs_s"] / base["msgs_s"] if base["msgs_s"] else None
-            figs[f"{role.lower()}_http_msgs_s"] = figure(
-                r["msgs_s"], "msg/s", None, "standalone_http_msgs_s", base["msgs_s"],
-                meets=ratio is not None and ratio >= target, target_ratio=target,
-                **{k: v for k, v in r.items() if k not in ("msgs_s", "load1")})
-            p99_ratio = base["p99_ms"] / r["p99_ms"] if r["p99_ms"] else None
-            figs[f"{role.lower()}_p99_ms"] = figure(r["p99_ms"], "ms", None, "standalone_p99_ms", base["p99_ms"],
-                                                    meets=p99_ratio is not None and p99_ratio >= target,
-                                                    target_note=f"standalone p99 / this p99 >= {target}")
         g = groups["SYNC_MASTER"]
         kills = 2 if quick else 5
         samples = failover_case(g, kills)

@@ -44,6 +44,7 @@ from pathlib import Path
 import msgpack
 
 from mqstore import localcluster as lc
+from mqstore.client.stream import StreamConnection
 from mqstore.localcluster import free_port
 from node.local_log import ASYNC_FLUSH, SYNC_FLUSH, LocalLog, LocalLogConfig
 from node.store.commitlog import CommitLog
@@ -200,9 +201,10 @@ class NodeProcess(lc.NodeProc):
 
     def __init__(self, root: str, name: str, flush: str):
         self.dir = os.path.join(root, name)
-        port = free_port()
+        port, self.stream_port = free_port(), free_port()
         conf = lc.write_conf(os.path.join(self.dir, "broker.conf"), lc.node_lines(
             port, os.path.join(self.dir, "store"), [f"flushDiskType={flush}", "mappedFileSizeCommitLog=268435456",
+                                                    f"streamListenPort={self.stream_port}",
                                                     "autoCreateTopicEnable=false", "logLevel=WARNING"]))
         super().__init__(conf, port, os.path.join(self.dir, "node.log"), name, new_session=True)
 
@@ -342,10 +344,49 @@ async def http_produce(port: int, topic: str, codec: str, seconds: float, max_ms
     finally:
         for c in conns:
             c.close()
-    elapsed = time.perf_counter() - start
-    cpu = cpu_facts(acked, (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
+    return produce_result(acked, time.perf_counter() - start, latencies,
+                          (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
+
+
+async def stream_produce(port: int, topic: str, seconds: float, max_msgs: int,
+                         connections: int = HTTP_CONNECTIONS, batch: int = HTTP_BATCH, pid: int | None = None) -> dict:
+    """`http_produce`'s load (each connection one batch at a time, 1 KiB bodies, msgpack) on the
+    node's produce stream, the SDK's send channel; the same figures."""
+    body = os.urandom(BODY_BYTES // 2).hex().encode()    # as produce_request's: 1 KiB of text, a tag
+    doc = {"messages": [{"body": body, "tags": "bench"} for _ in range(batch)]}
+    conns = [await StreamConnection.open("127.0.0.1", port) for _ in range(connections)]
+    acked = 0
+    latencies: list[float] = []
+    node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
+    start = time.perf_counter()
+    deadline = start + seconds
+
+    async def worker(conn: StreamConnection) -> None:
+        nonlocal acked
+        while time.perf_counter() < deadline and acked < max_msgs:
+            t0 = time.perf_counter()
+            status, answer = await conn.send(topic, doc, 10.0)
+            latencies.append(time.perf_counter() - t0)
+            results = answer.get("results") or []
+            if status != 200 or len(results) != batch or any(r["status"] != "SEND_OK" for r in results):
+                raise RuntimeError(f"stream produce answered {status}: {str(answer)[:300]}")
+            acked += batch
+
+    try:
+        await asyncio.gather(*(worker(c) for c in conns))
+    finally:
+        for c in conns:
+            c.close()
+    return produce_result(acked, time.perf_counter() - start, latencies,
+                          (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
+
+
+def produce_result(acked: int, elapsed: float, latencies: list[float], node_cpu_s: float,
+                   client_cpu_s: float) -> dict:
+    """msg/s, request latency percentiles and CPU per message of one produce run."""
     latencies.sort()
-    return {"msgs_s": acked / elapsed, "msgs": acked, "elapsed_s": round(elapsed, 3), "requests": len(latencies), **cpu,
+    return {"msgs_s": acked / elapsed, "msgs": acked, "elapsed_s": round(elapsed, 3), "requests": len(latencies),
+            **cpu_facts(acked, node_cpu_s, client_cpu_s),
             "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
             "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2)
             if latencies else None}

@@ -1,9 +1,10 @@
-"""bench/bench_store.py's HTTP load generator against a real node process.
+"""bench/bench_store.py's load generators against a real node process.
 
-Method: start `python -m node` through the benchmark's own NodeProcess (free port, temp
-store), produce for a fraction of a second with both codecs (every result must be
-SEND_OK, or http_produce raises), pull everything back with both codecs and check the
-counts, then stop the node and check a clean exit. Also the figure helpers.
+Method: start `python -m node` through the benchmark's own NodeProcess (free ports, temp
+store), produce for a fraction of a second over HTTP with both codecs and over the produce
+stream (every result must be SEND_OK, or the generator raises), pull everything back with
+both codecs and check the counts, then stop the node and check a clean exit. Also the
+figure helpers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import msgpack
 from bench import bench_store as B
 
 
-def test_http_produce_and_pull_against_a_real_node(tmp_path):
+def test_http_and_stream_produce_then_pull_against_a_real_node(tmp_path):
     node = B.NodeProcess(str(tmp_path), "node", B.ASYNC_FLUSH)
     try:
         node.start()
@@ -28,6 +29,11 @@ def test_http_produce_and_pull_against_a_real_node(tmp_path):
             assert r["msgs"] > 0 and r["msgs"] % 50 == 0 and r["requests"] == r["msgs"] // 50
             assert r["node_cpu_us_per_msg"] > 0 and r["p50_ms"] is not None
             produced += r["msgs"]
+        r = asyncio.run(B.stream_produce(node.stream_port, "BenchTopic", 0.4, 2_000, connections=2, batch=50,
+                                         pid=node.proc.pid))
+        assert r["msgs"] > 0 and r["msgs"] % 50 == 0 and r["requests"] == r["msgs"] // 50
+        assert r["node_cpu_us_per_msg"] > 0 and r["p99_ms"] is not None
+        produced += r["msgs"]
         for codec in ("msgpack", "json"):
             r = asyncio.run(B.http_pull(node.port, "BenchTopic", codec, 4, 20.0, 10 ** 6, connections=2))
             assert r["msgs"] == produced, (codec, r, produced)
