@@ -40,6 +40,7 @@ from dledger.messages import EntryType
 from dledger.shell import RaftNode
 from node.replicated_log import PutResult, PutStatus, ScanBatch, ScannedRecord
 from node.store import layout as L
+from node.store.disk_guard import DiskGuard
 from node.store.errors import InvalidMessage, NotLeader, StoreError, StoreFatal
 from node.store.message import MessageDraft
 from node.store.queue_offsets import QueueOffsetTable
@@ -81,8 +82,14 @@ class DLedgerLog:
     mode = "dledger"
 
     def __init__(self, node: RaftNode, peer_api_addrs: dict[str, str], store_host: str = "127.0.0.1",
-                 store_port: int = 0, append_timeout_s: float = 5.0, max_propose_entries: int | None = None):
+                 store_port: int = 0, append_timeout_s: float = 5.0, max_propose_entries: int | None = None,
+                 disk: DiskGuard | None = None):
         self.node = node
+        # The store volume's fill limit: a leader refuses sends at it, a follower the leader's
+        # appends (it keeps answering everything else, so no election follows).
+        self.disk = disk
+        if disk is not None:
+            node.refuse_appends = self._refuse_appends
         self.store: EntryStore = node.store
         self.peer_api_addrs = dict(peer_api_addrs)
         self.store_ip = socket.inet_aton(store_host)
@@ -315,6 +322,8 @@ class DLedgerLog:
             raise StoreFatal(f"the DLedger store stopped: {self.node.fatal}")
         if self._writable_term is None:
             raise NotLeader(leader=self.leader())
+        if self.disk is not None:
+            self.disk.check("sends refused until space returns")
         now = int(time.time() * 1000)
         if not drafts:
             return PutStatus.SEND_OK, now, []
@@ -532,6 +541,10 @@ class DLedgerLog:
         stops the process on it (node.server._watch_fatal)."""
         return self.node.fatal
 
+    def _refuse_appends(self) -> str | None:
+        """Why this follower must not store the leader's entries now (RaftNode.refuse_appends)."""
+        return self.disk.reason() if self.disk is not None and self.disk.full() else None
+
     @property
     def is_writable(self) -> bool:
         return self._writable_term is not None
@@ -542,6 +555,7 @@ class DLedgerLog:
                    "applied_index": self._applied_index, "committed_position": self._committed_pos,
                    "writable": self.is_writable, "pending_appends": len(self._pending),
                    "corrupt_ranges": len(self.corruption),
+                   "disk_usage_ratio": round(self.disk.ratio(), 4) if self.disk is not None else None,
                    "campaign_blocked": bool(self.node.core is not None and self.node.core.campaign_blocked)})
         return st
 

@@ -21,6 +21,7 @@ from dledger.dledger_log import DLedgerLog
 from dledger.entry_store import EntryStore
 from dledger.shell import RaftNode, ShellConfig
 from node.config import BrokerConfig, ConfigError, parse_dleger_peers
+from node.store.disk_guard import DiskGuard
 from node.store.fileio import FileSystem
 
 API_PORT_OFFSET = 30000
@@ -60,7 +61,8 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
     raft = peer_addresses(config)
     if config.dleger_self_id not in raft:
         raise ConfigError(f"dLegerSelfId {config.dleger_self_id!r} is not in dLegerPeers")
-    store = EntryStore(fs or FileSystem(), config.store_root, config.dleger_self_id,
+    fs = fs or FileSystem()
+    store = EntryStore(fs, config.store_root, config.dleger_self_id,
                        data_segment_size=config.mapped_file_size_commit_log)
     rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None)
     shell = ShellConfig(flush_disk_type=config.flush_disk_type,
@@ -72,4 +74,5 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
                     transport_config=TransportConfig(security=security,
                                                      max_inbound_connections=config.raft_max_inbound_connections), rng=random.Random())
     return DLedgerLog(node, peer_api_addresses(config, raft), store_host=config.broker_ip1,
-                      store_port=config.listen_port, append_timeout_s=config.sync_flush_timeout_ms / 1000)
+                      store_port=config.listen_port, append_timeout_s=config.sync_flush_timeout_ms / 1000,
+                      disk=DiskGuard(fs, config.store_root, config.disk_space_warning_level_ratio_pct))

@@ -48,7 +48,7 @@ from typing import Callable, Protocol
 
 from dledger.core import RaftConfig, RaftCore, Ready, Role
 from dledger.entry_store import EntryStore
-from dledger.messages import REPAIR_MESSAGES, EntryType
+from dledger.messages import REPAIR_MESSAGES, Append, EntryType
 from dledger.transport import Transport, TransportConfig
 from node.store.errors import StoreError, StoreFatal
 
@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 SYNC_FLUSH = "SYNC_FLUSH"
 ASYNC_FLUSH = "ASYNC_FLUSH"
+REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refused appends
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,13 @@ class RaftNode:
         self.listener: ReadyListener | None = None
         # Receives REPAIR_MESSAGES (sender, msg) on the loop; must not block. None: dropped.
         self.side_handler: Callable[[str, object], None] | None = None
+        # Why the leader's appends must not be stored now (a full disk), or None. A refused
+        # Append is dropped before the core sees it, as if lost: the leader pushes it again
+        # after its push timeout, and heartbeats and probes are still answered, so nobody
+        # starts an election over it.
+        self.refuse_appends: Callable[[], str | None] | None = None
+        self._refused_logged_at = float("-inf")
+        self._refused_unlogged = 0
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
         self.fatal: BaseException | None = None
@@ -206,11 +214,25 @@ class RaftNode:
                 self.metrics["side_failed"] += 1
                 log.exception("raft %s: handling %s from %s failed", self.node_id, type(msg).__name__, sender)
             return
+        if type(msg) is Append and self.refuse_appends is not None:
+            why = self.refuse_appends()
+            if why is not None:
+                self._refused(sender, why)
+                return
         if len(self._inbox) >= self.config.max_inbox_msgs:
             self._inbox.popleft()
             self.metrics["inbox_dropped"] += 1
         self._inbox.append((sender, msg))
         self._wake.set()
+
+    def _refused(self, sender: str, why: str) -> None:
+        self.metrics["appends_refused"] += 1
+        self._refused_unlogged += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            log.warning("raft %s: %s: refused %d append(s) from %s since the last warning; they are "
+                        "stored once space returns", self.node_id, why, self._refused_unlogged, sender)
+            self._refused_logged_at, self._refused_unlogged = now, 0
 
     # --- the loop -------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -377,6 +399,7 @@ class RaftNode:
             "leader": core.leader_id, "commit_index": core.commit_index, "first_index": core.first_index,
             "last_index": core.last_index, "durable_index": core.durable_index,
             "needs_catchup_to": core.needs_catchup_to, "fatal": str(self.fatal) if self.fatal else None,
+            "appends_refused": self.metrics["appends_refused"],
         }
         if core.role is Role.LEADER:
             out["peers"] = {p: {"match_index": core.match_index(p),

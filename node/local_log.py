@@ -30,6 +30,7 @@ from typing import Sequence
 from node.replicated_log import PutResult, PutStatus, ScanBatch
 from node.store import abort
 from node.store.commitlog import CommitLog
+from node.store.disk_guard import DiskGuard
 from node.store.errors import DiskFull, InvalidMessage, StoreFatal
 from node.store.fileio import FileSystem
 from node.store.message import MessageDraft, host_bytes
@@ -104,8 +105,8 @@ class LocalLog:
         self._acks: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._grown = Wakeup()                      # fired when committed grows
         self._flusher: asyncio.Task | None = None
-        self._disk_ratio = 0.0
-        self._disk_checked_at = float("-inf")
+        self.disk = DiskGuard(fs, store_root, self.config.retention.disk_space_warning_level_ratio,
+                              self.config.refuse_check_interval_ms)
         self.fsyncs = 0
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -159,7 +160,7 @@ class LocalLog:
             "pending_sync_acks": len(self._acks), "fsyncs": self.fsyncs,
             "accepting_writes": self.fatal is None and self._started and not self._stopping,
             "fatal_error": str(self.fatal) if self.fatal else None,
-            "disk_usage_ratio": round(self._disk_ratio, 4),
+            "disk_usage_ratio": round(self.disk.last_ratio, 4),
         }
 
     # --- append ---------------------------------------------------------------------------
@@ -196,24 +197,13 @@ class LocalLog:
             raise StoreFatal(f"the log stopped after a fatal error: {self.fatal}")
         if not self._started or self._stopping:
             raise StoreFatal("the log is not running")
-        ratio = self._disk_usage_ratio()
-        limit = self.config.retention.disk_space_warning_level_ratio
-        if ratio * 100 >= limit:
-            raise DiskFull(f"disk {ratio:.1%} full at {self.store_root}, at or above "
-                           f"diskSpaceWarningLevelRatio {limit}%: writes refused until retention frees space")
-
-    def _disk_usage_ratio(self) -> float:
-        now = time.monotonic()
-        if (now - self._disk_checked_at) * 1000 >= self.config.refuse_check_interval_ms:
-            self._disk_ratio = self.fs.disk_usage_ratio(self.store_root)
-            self._disk_checked_at = now
-        return self._disk_ratio
+        self.disk.check()
 
     def _write(self, drafts: Sequence[MessageDraft], ts: int) -> list[tuple[int, int, int]]:
         try:
             return self.commitlog.append_batch(drafts, self.queue_offsets, ts)
         except DiskFull:
-            self._disk_checked_at = float("-inf")   # look at the disk again before the next append
+            self.disk.recheck()   # look at the disk again before the next append
             raise
         except StoreFatal as e:
             self._fail(e)
@@ -390,8 +380,8 @@ class LocalLog:
         """Delete expired head segments (the broker calls this every ~10 s)."""
         now = now or datetime.now()
         async with self._io_lock:   # never delete a file under a flush in progress
-            self._disk_checked_at = float("-inf")
-            ratio = self._disk_usage_ratio()
+            self.disk.recheck()
+            ratio = self.disk.ratio()
             safe = min(self._committed, self.commitlog.flushed_offset)
             decision = self.commitlog.delete_expired(self.config.retention, now, ratio, safe_upto=safe)
         return decision
