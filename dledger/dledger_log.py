@@ -41,7 +41,7 @@ from dledger.shell import RaftNode
 from node.replicated_log import PutResult, PutStatus, ScanBatch, ScannedRecord
 from node.store import layout as L
 from node.store.disk_guard import DiskGuard
-from node.store.errors import InvalidMessage, NotLeader, StoreError, StoreFatal
+from node.store.errors import DiskFull, InvalidMessage, NotLeader, StoreError, StoreFatal
 from node.store.message import MessageDraft
 from node.store.queue_offsets import QueueOffsetTable
 from node.store.scrub import CorruptData, CorruptionRegistry, CorruptRange
@@ -324,6 +324,7 @@ class DLedgerLog:
             raise NotLeader(leader=self.leader())
         if self.disk is not None:
             self.disk.check("sends refused until space returns")
+        self.node.check_not_stalled()
         now = int(time.time() * 1000)
         if not drafts:
             return PutStatus.SEND_OK, now, []
@@ -337,6 +338,9 @@ class DLedgerLog:
         except (ProposalDropped, ReplicationBusy) as e:
             self._table.rewind(drafts, qoffs)
             raise ReplicationBusy(str(e)) from None
+        except DiskFull:
+            self._table.rewind(drafts, qoffs)
+            raise
         self._tail_pos = tail
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(first, last, self._writable_term, fut))

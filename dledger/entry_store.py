@@ -26,6 +26,7 @@ neither votes nor campaigns until the log is back there.
 from __future__ import annotations
 
 import bisect
+import errno
 import json
 import logging
 import operator
@@ -41,7 +42,7 @@ from dledger.raft_storage import Compacted
 from dledger.repair import damaged_body
 from node.store import layout as L
 from node.store.crc import crc32 as _crc32
-from node.store.errors import CorruptRecord, StoreError, StoreFatal
+from node.store.errors import CorruptRecord, DiskFull, StoreError, StoreFatal
 from node.store.fileio import FileSystem
 from node.store.segment import SegmentedFile
 
@@ -303,16 +304,44 @@ class EntryStore:
 
     # --- write side ---------------------------------------------------------------------
     def set_hard_state(self, hs: HardState) -> None:
-        """Persist term, vote and the catch-up mark atomically."""
-        self.meta.term = hs.term
-        self.meta.voted_for = hs.voted_for
-        self.meta.needs_catchup_to = hs.needs_catchup_to
-        self._write_meta()
+        """Persist term, vote and the catch-up mark atomically. A full disk raises DiskFull
+        with the previous hard state kept."""
+        m = self.meta
+        before = (m.term, m.voted_for, m.needs_catchup_to)
+        m.term, m.voted_for, m.needs_catchup_to = hs.term, hs.voted_for, hs.needs_catchup_to
+        try:
+            self._write_meta()
+        except StoreFatal as e:
+            m.term, m.voted_for, m.needs_catchup_to = before
+            if not _is_enospc(e):
+                raise
+            raise DiskFull(f"disk full writing {self.meta_path} (ENOSPC); term {hs.term} and vote "
+                           f"{hs.voted_for} not stored") from e.__cause__
 
     def append(self, entries: Sequence[Entry]) -> list[int]:
         """Write entries after the last one (no fsync); return their positions.
 
-        Hot path (every replicated entry passes here): one header pack and two small
+        A full disk (ENOSPC) raises DiskFull with the store as it was before the call: the
+        bytes that landed are cut away (durably), so the same entries can be appended again
+        once there is space. Any other write error is StoreFatal."""
+        try:
+            return self._append(entries)
+        except StoreFatal as e:
+            if not _is_enospc(e):
+                raise
+            self._undo_append()
+            raise DiskFull(f"disk full writing {self.dir} (ENOSPC); entries {entries[0].index}.."
+                           f"{entries[-1].index} not stored, the log cut back to {self._last_index}") from e.__cause__
+
+    def _undo_append(self) -> None:
+        """Cut whatever a failed append left past the log's end: data, index, term runs."""
+        with self.flush_lock:
+            self.data.truncate(self._end_pos)
+            self.index.truncate((self._last_index + 1) * INDEX_SIZE)
+            self._cut_runs(self._last_index + 1)
+
+    def _append(self, entries: Sequence[Entry]) -> list[int]:
+        """Hot path (every replicated entry passes here): one header pack and two small
         CRC steps per entry, header and body joined once per file written."""
         assert self._recovered, "recover() first"
         assert entries
@@ -394,7 +423,16 @@ class EntryStore:
             return
         self.meta.checkpoint_index = max(self.meta.checkpoint_index, mark)
         self.meta.committed = max(self.meta.committed, min(committed, self._flushed_index))
-        self._write_meta()
+        try:
+            self._write_meta()
+        except StoreFatal as e:
+            if not _is_enospc(e):
+                raise
+            # The durable mark on disk stays at its last value, which is still true (recovery
+            # then checks less); the next meta write carries the new one. A term or vote that
+            # cannot be written still stops the node.
+            log.warning("%s: durable mark not checkpointed: disk full (%s); the next meta write carries it",
+                        self.dir, e.__cause__)
 
     def truncate_from(self, index: int) -> None:
         """Durably drop every entry >= index (zeroed and fsynced before returning)."""
@@ -833,6 +871,11 @@ class EntryStore:
             self.fs.write_atomic(self.meta_path, json.dumps(asdict(self.meta), sort_keys=True).encode())
         except OSError as e:
             raise StoreFatal(f"writing {self.meta_path} failed: {e}") from e
+
+
+def _is_enospc(e: StoreFatal) -> bool:
+    """A write that failed for want of space (the store wraps the OSError it met)."""
+    return isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC
 
 
 def _within_budget(entries: list[Entry], max_bytes: int) -> list[Entry]:

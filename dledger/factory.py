@@ -75,4 +75,7 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
                                                      max_inbound_connections=config.raft_max_inbound_connections), rng=random.Random())
     return DLedgerLog(node, peer_api_addresses(config, raft), store_host=config.broker_ip1,
                       store_port=config.listen_port, append_timeout_s=config.sync_flush_timeout_ms / 1000,
-                      disk=DiskGuard(fs, config.store_root, config.disk_space_warning_level_ratio_pct))
+                      # looked at on every send and every append received (a statvfs, ~2 us): a disk
+                      # filling fast is refused before the write, not met by an ENOSPC that stalls Raft
+                      disk=DiskGuard(fs, config.store_root, config.disk_space_warning_level_ratio_pct,
+                                     check_interval_ms=0))

@@ -34,6 +34,14 @@ Flush policy:
 
 Both policies checkpoint the durable mark into meta every `checkpoint_interval_ms`
 (see EntryStore.checkpoint), which lets recovery tell a torn tail from lost data.
+
+A full disk: when a Ready's entries or hard state meet ENOSPC (EntryStore raises DiskFull
+and leaves the store as it was), the node holds that Ready and retries it on every tick,
+feeding the core nothing and sending nothing meanwhile (proposals are refused with
+DiskFull). To the group this is a paused process, which Raft tolerates: a stalled leader
+is replaced, a stalled follower stops acking; once the entries are written the Ready
+completes as if it had just been taken, and the node carries on. DLedgerLog's disk guard
+refuses writes before the disk is this full; the stall covers what gets past it.
 """
 
 from __future__ import annotations
@@ -50,13 +58,17 @@ from dledger.core import RaftConfig, RaftCore, Ready, Role
 from dledger.entry_store import EntryStore
 from dledger.messages import REPAIR_MESSAGES, Append, EntryType
 from dledger.transport import Transport, TransportConfig
-from node.store.errors import StoreError, StoreFatal
+from node.store.errors import DiskFull, StoreError, StoreFatal
 
 log = logging.getLogger(__name__)
 
 SYNC_FLUSH = "SYNC_FLUSH"
 ASYNC_FLUSH = "ASYNC_FLUSH"
 REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refused appends
+
+
+class _Stalled(Exception):
+    """A Ready's entries met a full disk; the Ready stays outstanding (RaftNode._handle)."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +138,10 @@ class RaftNode:
         self.refuse_appends: Callable[[], str | None] | None = None
         self._refused_logged_at = float("-inf")
         self._refused_unlogged = 0
+        # The Ready whose entries met a full disk, retried on every tick (module docstring).
+        self._stalled: Ready | None = None
+        self._stalled_at = 0.0
+        self.stall_reason: str | None = None
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
         self.fatal: BaseException | None = None
@@ -179,16 +195,23 @@ class RaftNode:
     def propose(self, bodies: list[bytes], type: EntryType = EntryType.NORMAL) -> tuple[int, int]:
         """Hand bodies to the core (raises core.NotLeader); the next round persists them."""
         core = self._live_core()
+        self.check_not_stalled()
         first, last = core.propose(bodies, type)
         self._wake.set()
         return first, last
 
     def transfer_leadership(self, target: str) -> None:
-        self._live_core().transfer_leadership(target)
+        core = self._live_core()
+        self.check_not_stalled()
+        core.transfer_leadership(target)
         self._wake.set()
 
     def wake(self) -> None:
         self._wake.set()
+
+    def check_not_stalled(self) -> None:
+        if self._stalled is not None:
+            raise DiskFull(f"raft {self.node_id} is stalled on a full disk: {self.stall_reason}")
 
     def _live_core(self) -> RaftCore:
         if self.fatal is not None:
@@ -259,21 +282,26 @@ class RaftNode:
         core = self.core
         assert core is not None
         handled: list[Ready] = []
-        while self._ticks_due or self._inbox or self._durable_grew or core.has_ready():
-            if self._durable_grew:
-                # The group-commit flusher made more entries durable: report it (an empty
-                # Ready is legal here) so the leader counts itself and followers ack.
-                self._durable_grew = False
-                if self.store.flushed_index > core.durable_index:
+        try:
+            if self._stalled is not None:
+                self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
+            while self._ticks_due or self._inbox or self._durable_grew or core.has_ready():
+                if self._durable_grew:
+                    # The group-commit flusher made more entries durable: report it (an empty
+                    # Ready is legal here) so the leader counts itself and followers ack.
+                    self._durable_grew = False
+                    if self.store.flushed_index > core.durable_index:
+                        self._handle(core.ready(), handled)
+                ticks, self._ticks_due = self._ticks_due, 0
+                for _ in range(min(ticks, 10)):  # after a stall, do not fire a burst of elections
+                    core.tick()
+                for _ in range(min(len(self._inbox), self.config.max_steps_per_round)):
+                    sender, msg = self._inbox.popleft()
+                    core.step(sender, msg)
+                while core.has_ready():
                     self._handle(core.ready(), handled)
-            ticks, self._ticks_due = self._ticks_due, 0
-            for _ in range(min(ticks, 10)):  # after a stall, do not fire a burst of elections
-                core.tick()
-            for _ in range(min(len(self._inbox), self.config.max_steps_per_round)):
-                sender, msg = self._inbox.popleft()
-                core.step(sender, msg)
-            while core.has_ready():
-                self._handle(core.ready(), handled)
+        except _Stalled:
+            pass    # inputs wait in the (bounded) inbox; the next tick retries the Ready
         self.transport.flush()      # this round's messages leave now, not a loop turn later
         self._apply(handled)
 
@@ -290,21 +318,30 @@ class RaftNode:
         `handled`, for the listener once the round's messages are written."""
         core, store, listener = self.core, self.store, self.listener
         assert core is not None and self.transport is not None
-        if rd.reset_base is not None or rd.truncate_from is not None:
+        retry = rd is self._stalled     # its reset / truncation are done already
+        if not retry and (rd.reset_base is not None or rd.truncate_from is not None):
             self._apply(handled)    # the listener sees the Readies before these change the store
-        if rd.reset_base is not None:
+        if rd.reset_base is not None and not retry:
             store.reset_to(*rd.reset_base)
             if listener is not None:
                 listener.on_truncated(rd.reset_base[0] + 1)
-        if rd.truncate_from is not None:
+        if rd.truncate_from is not None and not retry:
             store.truncate_from(rd.truncate_from)
             if listener is not None:
                 listener.on_truncated(rd.truncate_from)
-        if rd.entries:
-            store.append(rd.entries)
-            self.metrics["entries_written"] += len(rd.entries)
-        if rd.hard_state is not None:
-            store.set_hard_state(rd.hard_state)
+        try:
+            if rd.entries and not (retry and store.last_index() >= rd.entries[-1].index):
+                store.append(rd.entries)
+                self.metrics["entries_written"] += len(rd.entries)
+            if rd.hard_state is not None:
+                store.set_hard_state(rd.hard_state)
+        except DiskFull as e:
+            self._stall(rd, e)
+            raise _Stalled from None
+        if retry:
+            log.warning("raft %s: the held Ready written after %.1f s stalled on a full disk; resuming",
+                        self.node_id, time.monotonic() - self._stalled_at)
+            self._stalled, self.stall_reason = None, None
         sync = self.config.flush_disk_type == SYNC_FLUSH
         if rd.entries and sync:
             self._flush_wanted.set()  # the group-commit flusher fsyncs them off the loop
@@ -315,6 +352,13 @@ class RaftNode:
         # SYNC_FLUSH: only what the flusher has fsynced counts (for our own vote in the
         # commit and for the acks a follower sends); the rest is reported when it lands.
         core.advance(rd, store.flushed_index if sync else None)
+
+    def _stall(self, rd: Ready, e: DiskFull) -> None:
+        if self._stalled is None:
+            self._stalled, self._stalled_at, self.stall_reason = rd, time.monotonic(), str(e)
+            self.metrics["disk_stalls"] += 1
+            log.error("raft %s: %s; holding the Raft state until they can be written (no messages in or "
+                      "out meanwhile, as if paused; retried every tick)", self.node_id, e)
 
     def _die(self, e: BaseException) -> None:
         log.critical("raft %s: stopping the node: %s: %s", self.node_id, type(e).__name__, e)
@@ -399,7 +443,7 @@ class RaftNode:
             "leader": core.leader_id, "commit_index": core.commit_index, "first_index": core.first_index,
             "last_index": core.last_index, "durable_index": core.durable_index,
             "needs_catchup_to": core.needs_catchup_to, "fatal": str(self.fatal) if self.fatal else None,
-            "appends_refused": self.metrics["appends_refused"],
+            "appends_refused": self.metrics["appends_refused"], "stalled_on_disk": self.stall_reason,
         }
         if core.role is Role.LEADER:
             out["peers"] = {p: {"match_index": core.match_index(p),

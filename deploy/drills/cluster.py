@@ -146,7 +146,7 @@ def docker_client():
 
 SMALLDISK_FILE = os.path.join(ROOT, "deploy", "compose.smalldisk.yml")
 SMALLDISK_ROOT = os.environ.get("MQSTORE_SMALLDISK_ROOT", "/var/lib/mqstore-smalldisk")
-SMALLDISK_SERVICES = GROUPS["broker-b"]
+SMALLDISK_SERVICES = GROUPS["broker-a"] + GROUPS["broker-b"]
 
 
 def smalldisk_enabled() -> bool:

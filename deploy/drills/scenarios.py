@@ -120,9 +120,14 @@ def _fill(path: str, limit_bytes: int) -> int:
     return written
 
 
-def _disk_full_master(c: Cluster, st: dict):
-    """Fill the classic master's store (a small host tmpfs, deploy/compose.smalldisk.yml) to 100 %."""
-    v = st["victim"] = c.leader("broker-b")
+def _disk_full(group: str) -> Callable[[Cluster, dict], Callable[[], None]]:
+    """Fill the store of `group`'s master or leader (a small host tmpfs, deploy/compose.smalldisk.yml)
+    to 100 %; the heal deletes the ballast."""
+    return lambda c, st: _fill_victim(c, st, c.leader(group))
+
+
+def _fill_victim(c: Cluster, st: dict, v: str) -> Callable[[], None]:
+    st["victim"] = v
     path = c.volume_mountpoint(v)
     if path is None or not os.path.ismount(path):
         raise DrillError(f"disk_full needs {v}'s store on its small tmpfs (deploy/compose.smalldisk.yml, "
@@ -194,6 +199,11 @@ SCENARIOS = {s.name: s for s in [
     Scenario("disk_full", "broker-b", "fill the classic master's store (a small tmpfs) to 100 %; delete the "
              "ballast after the fault window.",
              NO_LOSS + "; sends fail with a clear disk-full error (HTTP 507) while the disk is full, the node "
-             "keeps running, and writes resume once space returns", _disk_full_master,
+             "keeps running, and writes resume once space returns", _disk_full("broker-b"),
              extra_check=_disk_full_checks),
+    Scenario("disk_full_leader", "broker-a", "fill the DLedger leader's store (a small tmpfs) to 100 %; delete "
+             "the ballast after the fault window.",
+             NO_LOSS + "; the leader refuses sends with a clear disk-full error (HTTP 507) while its disk is "
+             "full, without an election or a stopped node, and writes resume once space returns",
+             _disk_full("broker-a"), extra_check=_disk_full_checks),
 ]}

@@ -44,8 +44,8 @@ CONF_DIR = os.path.join(ROOT, "deploy", "conf")
 STOP_TIMEOUT_S = 10.0
 # Smaller commitlog segments than the compose volumes: less preallocated disk in the work dir.
 COMMITLOG_SEGMENT = 16 * 1024 * 1024
-# broker-b's stores sit on small tmpfs mounts, as deploy/compose.smalldisk.yml gives the compose
-# tier, so the disk_full drill can fill one; 0 turns that off.
+# The brokers' stores sit on small tmpfs mounts, as deploy/compose.smalldisk.yml gives the compose
+# tier, so the disk_full drills can fill one; 0 turns that off.
 SMALLDISK_MB = 256
 
 
@@ -106,7 +106,7 @@ class NetnsCluster:
             port = CTL_PORT if kind == "controller" else API_PORT
             self.nodes[s] = Node(s, kind, self.net.ip(s), f"{self.net.ip(s)}:{port}")
         if self.smalldisk_mb:
-            for s in GROUPS["broker-b"]:
+            for s in GROUPS["broker-a"] + GROUPS["broker-b"]:
                 self._mount_smalldisk(os.path.join(self.workdir, s, "store"))
         for s in CONTROLLERS:
             self.procs[s] = self._controller_proc(s)

@@ -88,7 +88,7 @@ def _run(cluster, name: str, tmp_path) -> dict:
     return r
 
 
-@pytest.mark.parametrize("name", [*FAILOVERS, "restart_all", "rolling_restart", "disk_full"])
+@pytest.mark.parametrize("name", [*FAILOVERS, "restart_all", "rolling_restart", "disk_full", "disk_full_leader"])
 def test_drill(cluster, name, tmp_path):
     from deploy.drills.scenarios import SCENARIOS
     try:

@@ -5,15 +5,19 @@ retriable) before proposing anything; a follower refuses the leader's appends (d
 if lost) yet keeps answering heartbeats, so the group keeps its leader and commits on the
 other majority; when space returns the follower catches up to a byte-identical log. With a
 majority full a send is not acknowledged (FLUSH_SLAVE_TIMEOUT) and commits once space returns.
+When ENOSPC gets past the guard (the disk filled between the check and the write), the node
+holds its Raft state like a paused process instead of stopping: a stalled leader is
+replaced, and once space returns it writes the held entries, steps down and converges.
 Before, a DLedger store had no free-space check: a full disk failed the entry write and
 stopped the node.
 Method: three RaftNodes + DLedgerLogs on loopback in one loop, each with a DiskGuard over a
-file system whose reported fill level the test sets.
+file system whose reported fill level the test sets, and which can fail writes with ENOSPC.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import random
 
 import pytest
@@ -24,7 +28,7 @@ from dledger.entry_store import EntryStore
 from dledger.shell import RaftNode, ShellConfig
 from node.replicated_log import PutStatus
 from node.store.disk_guard import DiskGuard
-from node.store.errors import DiskFull
+from node.store.errors import DiskFull, NotLeader
 from node.store.fileio import FileSystem
 from tests.integration.test_dledger_inprocess import IDX_SEG, SEG, Cluster, committed_records, draft, wait_for
 
@@ -32,13 +36,31 @@ FULL, ROOMY = 0.95, 0.10
 
 
 class FillFs(FileSystem):
-    """The real file system, reporting the fill level the test sets."""
+    """The real file system, reporting the fill level the test sets; with `enospc` every
+    write fails for want of space whatever the reported level."""
 
     def __init__(self) -> None:
         self.ratio = ROOMY
+        self.enospc = False
 
     def disk_usage_ratio(self, path: str) -> float:
         return self.ratio
+
+    def open(self, path: str):
+        return _NoSpaceWhenFull(super().open(path), self)
+
+
+class _NoSpaceWhenFull:
+    def __init__(self, inner, fs: FillFs):
+        self._inner, self._fs = inner, fs
+
+    def pwrite(self, data, offset: int) -> int:
+        if self._fs.enospc:
+            raise OSError(errno.ENOSPC, "No space left on device (test)")
+        return self._inner.pwrite(data, offset)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 class GuardedCluster(Cluster):
@@ -129,6 +151,41 @@ def test_with_a_majority_full_a_send_is_not_acked_and_commits_once_space_returns
                 c.fs[f.node.node_id].ratio = ROOMY
             await wait_for(lambda: all(lg.node.core.commit_index >= index for lg in c.logs.values()), timeout=10)
             assert committed_records(followers[0]) == committed_records(leader) == committed_records(followers[1])
+        finally:
+            await c.stop_all()
+
+    asyncio.run(main())
+
+
+def test_enospc_past_the_guard_stalls_the_leader_like_a_pause_not_a_stop(tmp_path):
+    async def main():
+        c = GuardedCluster(str(tmp_path), append_timeout_s=3.0)
+        await c.start_all()
+        try:
+            old = await c.leader()
+            oid = old.node.node_id
+            for b in range(3):
+                assert (await old.append([draft(b)]))[0].status is PutStatus.SEND_OK
+            c.fs[oid].enospc = True                # the guard still sees room: the write itself fails
+            stuck = asyncio.ensure_future(old.append([draft(99)]))
+            await wait_for(lambda: old.node.stall_reason is not None)
+            assert "ENOSPC" in old.node.status()["stalled_on_disk"] and old.node.metrics["disk_stalls"] == 1
+            with pytest.raises(DiskFull, match="stalled on a full disk"):
+                await old.append([draft(100)])
+            new = await c.leader(exclude=(oid,), timeout=10)     # no heartbeats from the stalled one
+            for b in range(5):
+                assert (await new.append([draft(200 + b)]))[0].status is PutStatus.SEND_OK
+            assert old.node.fatal is None and old.node.stall_reason is not None
+            c.fs[oid].enospc = False
+            await wait_for(lambda: old.node.stall_reason is None and old.node.core.role.name == "FOLLOWER", 10)
+            await new.append([draft(300)])
+            await wait_for(lambda: old.node.core.commit_index == new.node.core.commit_index, 10)
+            assert committed_records(old) == committed_records(new)
+            try:                                    # the entry held during the stall was never acked
+                outcome = (await stuck)[0].status
+            except NotLeader:
+                outcome = "NotLeader"
+            assert outcome in (PutStatus.FLUSH_SLAVE_TIMEOUT, "NotLeader")
         finally:
             await c.stop_all()
 

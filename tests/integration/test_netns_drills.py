@@ -2,7 +2,9 @@
 processes in network namespaces on one host, no Docker), and pass.
 Expected outcome: kill_leader (DLedger) and kill_master (classic, via the controllers) each run
 >= 30 s of load with zero lost acks, zero duplicates/phantoms, zero divergence, a clean store
-audit, failover <= 4 s (DLedger) / <= 8 s (classic); the iptables shapes cut what they say;
+audit, failover <= 4 s (DLedger) / <= 8 s (classic); disk_full_leader (the DLedger leader's
+disk filled) the same without a failover, sends refused with 507 until space returns; the
+iptables shapes cut what they say;
 teardown leaves no namespace, link or iptables rule behind, also for a run that died.
 Method: one NetnsCluster for the module (3 controllers, broker-a x3, broker-b x2 on 10.213.N.x),
 the shared runner/scenarios/workload/checker. Needs root with `ip netns` and iptables: when
@@ -93,6 +95,21 @@ def test_kill_master_drill(cluster, tmp_path):
     r, load_s = _run(cluster, "kill_master", tmp_path)
     _assert_clean(r, load_s, 8.0)
     assert r["timeline"]["leader_after"] != r["timeline"]["victim"], "the slave was not elected"
+
+
+def test_disk_full_leader_drill(cluster, tmp_path):
+    """The DLedger leader's store (its small tmpfs) filled to 100 %: it refuses sends with the
+    disk-full 507 and stays leader; nothing is lost and writes resume once space returns."""
+    r, load_s = _run(cluster, "disk_full_leader", tmp_path)
+    v = r["verdict"]
+    assert load_s >= MIN_LOAD_S, f"only {load_s:.1f} s of load"
+    assert v["lost"] == {} and v["divergence"] == [], r["summary"]
+    assert v["duplicates"] == {} and v["phantoms"] == {} and v["changed"] == {} and v["gaps"] == {}
+    assert r["scenario_problems"] == [], r["scenario_problems"]   # a 507 disk-full send, an ack after
+    assert v["recovery_s"] is not None, "no write acked after the space came back"
+    assert r["timeline"]["leader_after"] == r["timeline"]["victim"], "the full leader lost its leadership"
+    assert r["store_audit"]["status"] == "ok", r["store_audit"]
+    assert r["ok"], r["summary"]
 
 
 def _reach(cluster, src: str, dst: str) -> bool:

@@ -315,3 +315,49 @@ def test_scan_spans_from_the_cache_equal_the_spans_read_from_the_files(tmp_path)
         for budget in (1, 900, 3000, 1 << 20):
             assert walk(view(s2, limit), budget) == walk(view(cold, limit), budget), (limit, budget)
     assert all(served) and any(blanks)     # the cache served every call, blank tails included
+
+
+def test_a_full_disk_skips_the_checkpoint_and_refuses_a_term_or_vote_keeping_the_old_one(tmp_path, caplog):
+    """Regression: the periodic durable-mark checkpoint failed with ENOSPC as StoreFatal, which
+    stopped a DLedger leader whose disk had filled although it was refusing sends already."""
+    from node.store.errors import DiskFull
+    fs = FaultyFileSystem(8)
+    s = open_store(fs, tmp_path)
+    s.append(mk(1, 3))
+    s.flush()
+    fs.write_budget_bytes = 0                  # the disk is full from here on
+    s.checkpoint(3)                            # no exception: the mark on disk stays as it was
+    assert "durable mark not checkpointed: disk full" in caplog.text
+    assert s.meta.checkpoint_index == 3
+    with pytest.raises(DiskFull, match="term 2 and vote n1 not stored"):
+        s.set_hard_state(HardState(2, "n1", None))
+    assert s.initial_state().term == 0         # the shell holds the Ready and retries it
+    fs.write_budget_bytes = None
+    s.set_hard_state(HardState(2, "n1", None))  # space is back: the next meta write carries the mark
+    s2, _ = reopen(s, fs, tmp_path)
+    assert s2.meta.checkpoint_index == 3 and s2.meta.term == 2
+
+
+@pytest.mark.parametrize("budget", [0, 100, 3000, 5000])
+def test_an_append_that_meets_a_full_disk_leaves_the_store_as_it_was(tmp_path, budget):
+    """ENOSPC part-way through an append (also after it rolled to a new file): DiskFull, the
+    bytes that landed cut away, and the same entries append cleanly once there is space."""
+    from node.store.errors import DiskFull
+    fs = FaultyFileSystem(9)
+    s = open_store(fs, tmp_path)
+    s.append(mk(1, 5))
+    s.flush()
+    last, end, term = s.last_index(), s.end_pos, s.last_term
+    fs.write_budget_bytes = budget
+    batch = mk(6, 20, term=2)                  # ~7 KB: crosses into the next 4 KiB file
+    with pytest.raises(DiskFull, match="ENOSPC"):
+        s.append(batch)
+    assert (s.last_index(), s.end_pos, s.last_term) == (last, end, term)
+    with pytest.raises(Exception):
+        s.entry_at(6)
+    fs.write_budget_bytes = None
+    assert s.append(batch)[0] == end
+    s.flush()
+    s2, report = reopen(s, fs, tmp_path)
+    assert report.cut_at_index is None and s2.last_index() == 25
+    assert [e.body for e in s2.entries(1, 26, 1 << 20)] == [e.body for e in mk(1, 5) + batch]
