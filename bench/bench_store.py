@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Awaitable, Callable
 
 import msgpack
 
@@ -319,22 +320,50 @@ async def http_produce(port: int, topic: str, codec: str, seconds: float, max_ms
     """Every connection sends one batch at a time until the time or count bound; returns
     acked msg/s and request latency percentiles. Any non-SEND_OK result fails the case."""
     req = produce_request(port, topic, batch, codec, keys)
-    conns = [await HttpConn.open(port) for _ in range(connections)]
+
+    async def send_batch(conn: HttpConn) -> list:
+        status, raw = await conn.roundtrip(req)
+        if status != 200:
+            raise RuntimeError(f"produce answered {status}: {raw[:300]!r}")
+        return _decode(codec, raw)["results"]
+
+    return await _produce_loop([await HttpConn.open(port) for _ in range(connections)], send_batch, seconds,
+                               max_msgs, batch, pid)
+
+
+async def stream_produce(port: int, topic: str, seconds: float, max_msgs: int,
+                         connections: int = HTTP_CONNECTIONS, batch: int = HTTP_BATCH, pid: int | None = None) -> dict:
+    """`http_produce`'s load (each connection one batch at a time, 1 KiB bodies, msgpack) on the
+    node's produce stream, the SDK's send channel; the same figures."""
+    body = os.urandom(BODY_BYTES // 2).hex().encode()    # as produce_request's: 1 KiB of text, a tag
+    doc = {"messages": [{"body": body, "tags": "bench"} for _ in range(batch)]}
+
+    async def send_batch(conn: StreamConnection) -> list:
+        status, answer = await conn.send(topic, doc, 10.0)
+        if status != 200:
+            raise RuntimeError(f"stream produce answered {status}: {str(answer)[:300]}")
+        return answer.get("results") or []
+
+    return await _produce_loop([await StreamConnection.open("127.0.0.1", port) for _ in range(connections)],
+                               send_batch, seconds, max_msgs, batch, pid)
+
+
+async def _produce_loop(conns: list, send_batch: Callable[[Any], Awaitable[list]], seconds: float, max_msgs: int,
+                        batch: int, pid: int | None) -> dict:
+    """Every connection sends one batch at a time until the time or count bound (a result that
+    is not SEND_OK fails the case); acked msg/s, request latency percentiles, CPU per message."""
     acked = 0
     latencies: list[float] = []
     node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
     start = time.perf_counter()
     deadline = start + seconds
 
-    async def worker(conn: HttpConn) -> None:
+    async def worker(conn: Any) -> None:
         nonlocal acked
         while time.perf_counter() < deadline and acked < max_msgs:
             t0 = time.perf_counter()
-            status, raw = await conn.roundtrip(req)
+            results = await send_batch(conn)
             latencies.append(time.perf_counter() - t0)
-            if status != 200:
-                raise RuntimeError(f"produce answered {status}: {raw[:300]!r}")
-            results = _decode(codec, raw)["results"]
             if len(results) != batch or any(r["status"] != "SEND_OK" for r in results):
                 raise RuntimeError(f"produce results not all SEND_OK: {results[:3]}")
             acked += batch
@@ -344,49 +373,10 @@ async def http_produce(port: int, topic: str, codec: str, seconds: float, max_ms
     finally:
         for c in conns:
             c.close()
-    return produce_result(acked, time.perf_counter() - start, latencies,
-                          (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
-
-
-async def stream_produce(port: int, topic: str, seconds: float, max_msgs: int,
-                         connections: int = HTTP_CONNECTIONS, batch: int = HTTP_BATCH, pid: int | None = None) -> dict:
-    """`http_produce`'s load (each connection one batch at a time, 1 KiB bodies, msgpack) on the
-    node's produce stream, the SDK's send channel; the same figures."""
-    body = os.urandom(BODY_BYTES // 2).hex().encode()    # as produce_request's: 1 KiB of text, a tag
-    doc = {"messages": [{"body": body, "tags": "bench"} for _ in range(batch)]}
-    conns = [await StreamConnection.open("127.0.0.1", port) for _ in range(connections)]
-    acked = 0
-    latencies: list[float] = []
-    node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
-    start = time.perf_counter()
-    deadline = start + seconds
-
-    async def worker(conn: StreamConnection) -> None:
-        nonlocal acked
-        while time.perf_counter() < deadline and acked < max_msgs:
-            t0 = time.perf_counter()
-            status, answer = await conn.send(topic, doc, 10.0)
-            latencies.append(time.perf_counter() - t0)
-            results = answer.get("results") or []
-            if status != 200 or len(results) != batch or any(r["status"] != "SEND_OK" for r in results):
-                raise RuntimeError(f"stream produce answered {status}: {str(answer)[:300]}")
-            acked += batch
-
-    try:
-        await asyncio.gather(*(worker(c) for c in conns))
-    finally:
-        for c in conns:
-            c.close()
-    return produce_result(acked, time.perf_counter() - start, latencies,
-                          (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0)
-
-
-def produce_result(acked: int, elapsed: float, latencies: list[float], node_cpu_s: float,
-                   client_cpu_s: float) -> dict:
-    """msg/s, request latency percentiles and CPU per message of one produce run."""
+    elapsed = time.perf_counter() - start
     latencies.sort()
     return {"msgs_s": acked / elapsed, "msgs": acked, "elapsed_s": round(elapsed, 3), "requests": len(latencies),
-            **cpu_facts(acked, node_cpu_s, client_cpu_s),
+            **cpu_facts(acked, (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0),
             "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
             "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2)
             if latencies else None}

@@ -83,110 +83,99 @@ def _terms(c: Cluster) -> set[int]:
     return {lg.node.core.term for lg in c.logs.values()}
 
 
-def test_a_full_leader_refuses_sends_before_proposing_anything(tmp_path):
+def _run(tmp_path, body, append_timeout_s: float = 5.0) -> None:
+    """`await body(cluster, leader)` on a started three-node group, stopped afterwards."""
     async def main():
-        c = GuardedCluster(str(tmp_path))
+        c = GuardedCluster(str(tmp_path), append_timeout_s)
         await c.start_all()
         try:
-            leader = await c.leader()
-            assert (await leader.append([draft(0)]))[0].status is PutStatus.SEND_OK
-            last = leader.node.core.last_index
-            c.fs[leader.node.node_id].ratio = FULL
-            with pytest.raises(DiskFull, match=r"disk 95\.0% full .* diskSpaceWarningLevelRatio 90%") as ei:
-                await leader.append([draft(1)])
-            assert ei.value.http_status == 507 and ei.value.retriable
-            assert leader.node.core.last_index == last, "a refused send proposed nothing"
-            assert leader.status()["disk_usage_ratio"] == FULL
-            c.fs[leader.node.node_id].ratio = ROOMY
-            assert (await leader.append([draft(2)]))[0].status is PutStatus.SEND_OK
+            await body(c, await c.leader())
         finally:
             await c.stop_all()
 
     asyncio.run(main())
+
+
+def test_a_full_leader_refuses_sends_before_proposing_anything(tmp_path):
+    async def body(c, leader):
+        assert (await leader.append([draft(0)]))[0].status is PutStatus.SEND_OK
+        last = leader.node.core.last_index
+        c.fs[leader.node.node_id].ratio = FULL
+        with pytest.raises(DiskFull, match=r"disk 95\.0% full .* diskSpaceWarningLevelRatio 90%") as ei:
+            await leader.append([draft(1)])
+        assert ei.value.http_status == 507 and ei.value.retriable
+        assert leader.node.core.last_index == last, "a refused send proposed nothing"
+        assert leader.status()["disk_usage_ratio"] == FULL
+        c.fs[leader.node.node_id].ratio = ROOMY
+        assert (await leader.append([draft(2)]))[0].status is PutStatus.SEND_OK
+
+    _run(tmp_path, body)
 
 
 def test_a_full_follower_refuses_appends_without_an_election_and_catches_up_after(tmp_path):
-    async def main():
-        c = GuardedCluster(str(tmp_path))
-        await c.start_all()
-        try:
-            leader = await c.leader()
-            full, other = [lg for lg in c.logs.values() if lg is not leader]
-            terms = _terms(c)
-            c.fs[full.node.node_id].ratio = FULL
-            before = full.node.core.last_index
-            for b in range(10):
-                res = await leader.append([draft(b * 5 + k) for k in range(5)])
-                assert all(r.status is PutStatus.SEND_OK for r in res)   # committed with `other`
-            await wait_for(lambda: other.node.core.last_index == leader.node.core.last_index)
-            await asyncio.sleep(0.5)            # past the push timeout: the leader pushed again
-            assert full.node.core.last_index == before, "a full follower stored the leader's entries"
-            assert full.node.metrics["appends_refused"] > 0
-            assert full.node.status()["appends_refused"] == full.node.metrics["appends_refused"]
-            assert _terms(c) == terms and leader.is_writable, "refused appends started an election"
-            c.fs[full.node.node_id].ratio = ROOMY
-            await wait_for(lambda: full.node.core.commit_index == leader.node.core.commit_index, timeout=10)
-            assert committed_records(full) == committed_records(leader)
-            assert _terms(c) == terms
-        finally:
-            await c.stop_all()
+    async def body(c, leader):
+        full, other = [lg for lg in c.logs.values() if lg is not leader]
+        terms = _terms(c)
+        c.fs[full.node.node_id].ratio = FULL
+        before = full.node.core.last_index
+        for b in range(10):
+            res = await leader.append([draft(b * 5 + k) for k in range(5)])
+            assert all(r.status is PutStatus.SEND_OK for r in res)   # committed with `other`
+        await wait_for(lambda: other.node.core.last_index == leader.node.core.last_index)
+        await asyncio.sleep(0.5)            # past the push timeout: the leader pushed again
+        assert full.node.core.last_index == before, "a full follower stored the leader's entries"
+        assert full.node.metrics["appends_refused"] > 0
+        assert full.node.status()["appends_refused"] == full.node.metrics["appends_refused"]
+        assert _terms(c) == terms and leader.is_writable, "refused appends started an election"
+        c.fs[full.node.node_id].ratio = ROOMY
+        await wait_for(lambda: full.node.core.commit_index == leader.node.core.commit_index, timeout=10)
+        assert committed_records(full) == committed_records(leader)
+        assert _terms(c) == terms
 
-    asyncio.run(main())
+    _run(tmp_path, body)
 
 
 def test_with_a_majority_full_a_send_is_not_acked_and_commits_once_space_returns(tmp_path):
-    async def main():
-        c = GuardedCluster(str(tmp_path), append_timeout_s=1.0)
-        await c.start_all()
-        try:
-            leader = await c.leader()
-            followers = [lg for lg in c.logs.values() if lg is not leader]
-            for f in followers:
-                c.fs[f.node.node_id].ratio = FULL
-            res = await leader.append([draft(7)])
-            assert res[0].status is PutStatus.FLUSH_SLAVE_TIMEOUT
-            index = leader.node.core.last_index
-            assert leader.node.core.commit_index < index
-            for f in followers:
-                c.fs[f.node.node_id].ratio = ROOMY
-            await wait_for(lambda: all(lg.node.core.commit_index >= index for lg in c.logs.values()), timeout=10)
-            assert committed_records(followers[0]) == committed_records(leader) == committed_records(followers[1])
-        finally:
-            await c.stop_all()
+    async def body(c, leader):
+        followers = [lg for lg in c.logs.values() if lg is not leader]
+        for f in followers:
+            c.fs[f.node.node_id].ratio = FULL
+        res = await leader.append([draft(7)])
+        assert res[0].status is PutStatus.FLUSH_SLAVE_TIMEOUT
+        index = leader.node.core.last_index
+        assert leader.node.core.commit_index < index
+        for f in followers:
+            c.fs[f.node.node_id].ratio = ROOMY
+        await wait_for(lambda: all(lg.node.core.commit_index >= index for lg in c.logs.values()), timeout=10)
+        assert committed_records(followers[0]) == committed_records(leader) == committed_records(followers[1])
 
-    asyncio.run(main())
+    _run(tmp_path, body, append_timeout_s=1.0)
 
 
 def test_enospc_past_the_guard_stalls_the_leader_like_a_pause_not_a_stop(tmp_path):
-    async def main():
-        c = GuardedCluster(str(tmp_path), append_timeout_s=3.0)
-        await c.start_all()
-        try:
-            old = await c.leader()
-            oid = old.node.node_id
-            for b in range(3):
-                assert (await old.append([draft(b)]))[0].status is PutStatus.SEND_OK
-            c.fs[oid].enospc = True                # the guard still sees room: the write itself fails
-            stuck = asyncio.ensure_future(old.append([draft(99)]))
-            await wait_for(lambda: old.node.stall_reason is not None)
-            assert "ENOSPC" in old.node.status()["stalled_on_disk"] and old.node.metrics["disk_stalls"] == 1
-            with pytest.raises(DiskFull, match="stalled on a full disk"):
-                await old.append([draft(100)])
-            new = await c.leader(exclude=(oid,), timeout=10)     # no heartbeats from the stalled one
-            for b in range(5):
-                assert (await new.append([draft(200 + b)]))[0].status is PutStatus.SEND_OK
-            assert old.node.fatal is None and old.node.stall_reason is not None
-            c.fs[oid].enospc = False
-            await wait_for(lambda: old.node.stall_reason is None and old.node.core.role.name == "FOLLOWER", 10)
-            await new.append([draft(300)])
-            await wait_for(lambda: old.node.core.commit_index == new.node.core.commit_index, 10)
-            assert committed_records(old) == committed_records(new)
-            try:                                    # the entry held during the stall was never acked
-                outcome = (await stuck)[0].status
-            except NotLeader:
-                outcome = "NotLeader"
-            assert outcome in (PutStatus.FLUSH_SLAVE_TIMEOUT, "NotLeader")
-        finally:
-            await c.stop_all()
+    async def body(c, old):
+        oid = old.node.node_id
+        for b in range(3):
+            assert (await old.append([draft(b)]))[0].status is PutStatus.SEND_OK
+        c.fs[oid].enospc = True                # the guard still sees room: the write itself fails
+        stuck = asyncio.ensure_future(old.append([draft(99)]))
+        await wait_for(lambda: old.node.stall_reason is not None)
+        assert "ENOSPC" in old.node.status()["stalled_on_disk"] and old.node.metrics["disk_stalls"] == 1
+        with pytest.raises(DiskFull, match="stalled on a full disk"):
+            await old.append([draft(100)])
+        new = await c.leader(exclude=(oid,), timeout=10)     # no heartbeats from the stalled one
+        for b in range(5):
+            assert (await new.append([draft(200 + b)]))[0].status is PutStatus.SEND_OK
+        assert old.node.fatal is None and old.node.stall_reason is not None
+        c.fs[oid].enospc = False
+        await wait_for(lambda: old.node.stall_reason is None and old.node.core.role.name == "FOLLOWER", 10)
+        await new.append([draft(300)])
+        await wait_for(lambda: old.node.core.commit_index == new.node.core.commit_index, 10)
+        assert committed_records(old) == committed_records(new)
+        try:                                    # the entry held during the stall was never acked
+            outcome = (await stuck)[0].status
+        except NotLeader:
+            outcome = "NotLeader"
+        assert outcome in (PutStatus.FLUSH_SLAVE_TIMEOUT, "NotLeader")
 
-    asyncio.run(main())
+    _run(tmp_path, body, append_timeout_s=3.0)
