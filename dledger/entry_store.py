@@ -429,8 +429,8 @@ class EntryStore:
             if not _is_enospc(e):
                 raise
             # The durable mark on disk stays at its last value, which is still true (recovery
-            # then checks less); the next meta write carries the new one. A term or vote that
-            # cannot be written still stops the node.
+            # then checks less); the next meta write carries the new one. (A term or vote that
+            # cannot be written raises DiskFull: the shell holds its Ready.)
             log.warning("%s: durable mark not checkpointed: disk full (%s); the next meta write carries it",
                         self.dir, e.__cause__)
 

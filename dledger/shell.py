@@ -68,7 +68,7 @@ REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refuse
 
 
 class _Stalled(Exception):
-    """A Ready's entries met a full disk; the Ready stays outstanding (RaftNode._handle)."""
+    """A Ready's entries or hard state met a full disk; the Ready stays outstanding (RaftNode._handle)."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class RaftNode:
         self._refused_unlogged = 0
         # The Ready whose entries met a full disk, retried on every tick (module docstring).
         self._stalled: Ready | None = None
-        self._stalled_at = 0.0
+        self._stalled_at = self._stall_tried_at = 0.0
         self.stall_reason: str | None = None
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
@@ -282,6 +282,11 @@ class RaftNode:
         core = self.core
         assert core is not None
         handled: list[Ready] = []
+        if self._stalled is not None:
+            now = time.monotonic()
+            if now - self._stall_tried_at < self.config.tick_ms / 1000:
+                return      # one try per tick: a failed one costs a truncate and an fsync
+            self._stall_tried_at = now
         try:
             if self._stalled is not None:
                 self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
@@ -356,6 +361,7 @@ class RaftNode:
     def _stall(self, rd: Ready, e: DiskFull) -> None:
         if self._stalled is None:
             self._stalled, self._stalled_at, self.stall_reason = rd, time.monotonic(), str(e)
+            self._stall_tried_at = self._stalled_at
             self.metrics["disk_stalls"] += 1
             log.error("raft %s: %s; holding the Raft state until they can be written (no messages in or "
                       "out meanwhile, as if paused; retried every tick)", self.node_id, e)

@@ -109,4 +109,6 @@ def test_drill(cluster, name, tmp_path):
         assert v["failover_s"] is not None and v["failover_s"] <= limit, f"failover > {limit} s: {detail}"
     else:       # a write started after the heal was acked
         assert v["recovery_s"] is not None, detail
+    if name == "disk_full_leader":
+        assert r["timeline"]["leader_after"] == r["timeline"]["victim"], f"the full leader lost its leadership: {detail}"
     assert r["ok"], detail
