@@ -5,13 +5,12 @@ Figures (DESIGN section 7), each with its anchor measured in the same run:
   batch in flight, the same load generator for all three) against a standalone node (the
   anchor), a SYNC_MASTER with one slave (target >= 80 % of standalone) and an ASYNC_MASTER
   with one slave (target >= 95 %); msg/s and request p99. Twice: over HTTP, and over the
-  produce stream (the SDK's send channel, where a message costs the node about half as
-  much). All three deployments run at once (idle but for their timers) and are measured in
-  interleaved rounds, order rotated each round, so load from elsewhere on the machine falls
-  on all three alike; each figure is the median round. Each slave is its own process: on a
-  2-core machine it competes with its master and the load generator for CPU, so CPU per
-  message of master, slave and standalone is reported too, with the rate the two cores
-  allow at those costs (`two_core_bound_msgs_s`);
+  produce stream (the SDK's send channel). All three deployments run at once (idle but for
+  their timers) and are measured in interleaved rounds, order rotated each round, so load
+  from elsewhere on the machine falls on all three alike; each figure is the median round.
+  Each slave is its own process: on a 2-core machine it competes with its master and the
+  load generator for CPU, so CPU per message of master, slave and standalone is reported
+  too, with the rate the two cores allow at those costs (`two_core_bound_msgs_s`);
 - slave catch-up: a fresh slave joins a master holding N MiB; MB/s until its committed offset
   equals the master's (anchor: the disk's sequential write rate, measured here);
 - failover: kill -9 of the SYNC_MASTER -> first write the new master stores, with one
