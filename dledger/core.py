@@ -872,13 +872,20 @@ class RaftCore:
         progress.follower_last = (m.last_index, m.last_term)
         if m.matched:
             # Authoritative: the follower holds our prefix up to m.index and has
-            # m.durable_index of it on disk (lower than before if it lost data).
-            progress.match = min(m.index, m.durable_index)
-            if m.last_index > m.index:
-                progress.truncate_at = m.index + 1
+            # m.durable_index of it on disk (lower than before if it lost data). A log
+            # that ends on an entry of ours is our prefix all the way (log matching), its
+            # extra entries included (pushes that raced the probe): never TRUNCATE those.
+            # The follower may have verified and acknowledged them, so it keeps them and
+            # says so; a duplicate of that TRUNCATE reaching it after a restart, its log
+            # still ending where the TRUNCATE expects, would delete them even if committed.
+            held = m.last_index if m.last_index > m.index and self._log.matches(m.last_index, m.last_term) \
+                else m.index
+            progress.match = min(held, m.durable_index)
+            if m.last_index > held:
+                progress.truncate_at = held + 1
                 self._transition(progress, PeerEvent.MATCHED_EXTRA)
             else:
-                progress.next = m.index + 1
+                progress.next = held + 1
                 progress.inflight.clear()
                 self._transition(progress, PeerEvent.MATCHED)
             self._maybe_commit()

@@ -171,6 +171,14 @@ def test_bit_flip_on_one_replica_does_not_lose_committed_entries():
     cluster.final_checks()
 
 
+def test_seed_108657_a_duplicate_truncate_after_a_restart_loses_no_committed_entry():
+    """Regression: pushes that raced a probe made a follower answer "matched" with extra
+    entries that were the leader's own; the leader sent TRUNCATE for them, committed on the
+    follower's ack (it had kept them), and a duplicate of the TRUNCATE deleted the committed
+    entry after the follower restarted (tests/unit/test_raft_core.py has the minimal case)."""
+    run_seed(108657, steps=1000, nodes=3)
+
+
 def test_failure_message_names_the_seed_and_the_replay_command():
     cluster = Cluster(seed=4242, node_count=3, steps_hint=77)
     with pytest.raises(SimFailure) as failure:

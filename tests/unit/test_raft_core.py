@@ -461,6 +461,46 @@ def test_delayed_duplicate_truncate_does_not_delete_entries_acknowledged_since()
     assert [response.success for response in queued(group, TruncateResponse, source="b")] == [False]
 
 
+def test_a_follower_whose_extra_entries_are_the_leaders_own_is_not_sent_a_truncate():
+    """Regression (simulator seed 108657 at 1,000 steps): pushes delayed in the network reached
+    a follower between the leader's second probe and its answer, so the follower answered
+    "matched" with a log longer than the probe, the extra entries being the leader's own. The
+    leader sent TRUNCATE for them; the follower, having verified them, kept them and acked them
+    durable, and the leader committed on that ack. A duplicate of the TRUNCATE then reached the
+    follower after a restart, its log still ending where the TRUNCATE expected, and deleted the
+    committed entry. A follower log that ends on an entry of the leader's is the leader's
+    prefix (log matching): no TRUNCATE, and the match is the follower's last entry."""
+    group = leader_group()
+    group.queue.clear()
+    group.propose("a", b"x", b"y", b"z")
+    delayed = group.take(Append, destination="b")          # b's pushes are late in the network
+    group.deliver()                                         # committed with c
+    probes: list[Queued] = []
+    for _ in range(CONFIG.push_timeout_ticks + 1):          # b's pushes time out: COMPARE
+        group.tick("a")
+        probes = group.take(Compare, destination="b")
+        if probes:
+            break
+        group.deliver()
+    group.step(*probes[0])                                  # b: no match at a's last index
+    for item in group.take(source="b"):
+        group.step(*item)
+    (second,) = group.take(Compare, destination="b")        # a probes b's last entry
+    for item in delayed:                                    # the late pushes land first
+        group.step(*item)
+    group.take(source="b")                                  # and their acks are lost
+    assert group.log_terms("b") == group.log_terms("a")
+    group.step(*second)
+    for item in group.take(source="b"):
+        group.step(*item)
+    assert second[2].index < group["a"].last_index         # the probe was below b's last entry
+    assert not queued(group, Truncate, destination="b")
+    assert group["a"].peer_state("b") is PeerState.APPEND
+    assert group["a"].match_index("b") == group["a"].last_index
+    group.tick_all(2 * CONFIG.heartbeat_ticks)
+    assert group.log_terms("b") == group.log_terms("a")
+
+
 def test_delayed_duplicate_install_base_does_not_reset_a_follower_that_moved_on():
     leader_storage = storage_with([1, 1, 1, 1, 1], term=1)
     leader_storage.compact(3)
