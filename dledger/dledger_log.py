@@ -338,9 +338,6 @@ class DLedgerLog:
         except (ProposalDropped, ReplicationBusy) as e:
             self._table.rewind(drafts, qoffs)
             raise ReplicationBusy(str(e)) from None
-        except DiskFull:
-            self._table.rewind(drafts, qoffs)
-            raise
         self._tail_pos = tail
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(first, last, self._writable_term, fut))

@@ -58,6 +58,7 @@ from dledger.core import RaftConfig, RaftCore, Ready, Role
 from dledger.entry_store import EntryStore
 from dledger.messages import REPAIR_MESSAGES, Append, EntryType
 from dledger.transport import Transport, TransportConfig
+from node.log_throttle import LogThrottle
 from node.store.errors import DiskFull, StoreError, StoreFatal
 
 log = logging.getLogger(__name__)
@@ -136,8 +137,7 @@ class RaftNode:
         # after its push timeout, and heartbeats and probes are still answered, so nobody
         # starts an election over it.
         self.refuse_appends: Callable[[], str | None] | None = None
-        self._refused_logged_at = float("-inf")
-        self._refused_unlogged = 0
+        self._refusal_warnings = LogThrottle(REFUSAL_LOG_INTERVAL_S)
         # The Ready whose entries met a full disk, retried on every tick (module docstring).
         self._stalled: Ready | None = None
         self._stalled_at = self._stall_tried_at = 0.0
@@ -250,12 +250,10 @@ class RaftNode:
 
     def _refused(self, sender: str, why: str) -> None:
         self.metrics["appends_refused"] += 1
-        self._refused_unlogged += 1
-        now = time.monotonic()
-        if now - self._refused_logged_at >= REFUSAL_LOG_INTERVAL_S:
+        held = self._refusal_warnings.due(time.monotonic())
+        if held is not None:
             log.warning("raft %s: %s: refused %d append(s) from %s since the last warning; they are "
-                        "stored once space returns", self.node_id, why, self._refused_unlogged, sender)
-            self._refused_logged_at, self._refused_unlogged = now, 0
+                        "stored once space returns", self.node_id, why, held + 1, sender)
 
     # --- the loop -------------------------------------------------------------------------
     async def _run(self) -> None:
@@ -281,14 +279,12 @@ class RaftNode:
         leader's pushes thus leave before the commits are applied, not after."""
         core = self.core
         assert core is not None
+        if self._stalled is not None and time.monotonic() - self._stall_tried_at < self.config.tick_ms / 1000:
+            return      # one try per tick: a failed one costs a truncate and an fsync
         handled: list[Ready] = []
-        if self._stalled is not None:
-            now = time.monotonic()
-            if now - self._stall_tried_at < self.config.tick_ms / 1000:
-                return      # one try per tick: a failed one costs a truncate and an fsync
-            self._stall_tried_at = now
         try:
             if self._stalled is not None:
+                self._stall_tried_at = time.monotonic()
                 self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
             while self._ticks_due or self._inbox or self._durable_grew or core.has_ready():
                 if self._durable_grew:
@@ -321,19 +317,11 @@ class RaftNode:
     def _handle(self, rd: Ready, handled: list[Ready]) -> None:
         """persist -> send -> advance (no awaits: the core stays consistent); `rd` joins
         `handled`, for the listener once the round's messages are written."""
-        core, store, listener = self.core, self.store, self.listener
+        core, store = self.core, self.store
         assert core is not None and self.transport is not None
-        retry = rd is self._stalled     # its reset / truncation are done already
-        if not retry and (rd.reset_base is not None or rd.truncate_from is not None):
-            self._apply(handled)    # the listener sees the Readies before these change the store
-        if rd.reset_base is not None and not retry:
-            store.reset_to(*rd.reset_base)
-            if listener is not None:
-                listener.on_truncated(rd.reset_base[0] + 1)
-        if rd.truncate_from is not None and not retry:
-            store.truncate_from(rd.truncate_from)
-            if listener is not None:
-                listener.on_truncated(rd.truncate_from)
+        retry = rd is self._stalled
+        if not retry:               # a held Ready made its cuts before it stalled
+            self._cut(rd, handled)
         try:
             if rd.entries and not (retry and store.last_index() >= rd.entries[-1].index):
                 store.append(rd.entries)
@@ -357,6 +345,21 @@ class RaftNode:
         # SYNC_FLUSH: only what the flusher has fsynced counts (for our own vote in the
         # commit and for the acks a follower sends); the rest is reported when it lands.
         core.advance(rd, store.flushed_index if sync else None)
+
+    def _cut(self, rd: Ready, handled: list[Ready]) -> None:
+        """The Ready's reset or truncation, once the listener has seen the Readies before it."""
+        if rd.reset_base is None and rd.truncate_from is None:
+            return
+        self._apply(handled)
+        store, listener = self.store, self.listener
+        if rd.reset_base is not None:
+            store.reset_to(*rd.reset_base)
+            if listener is not None:
+                listener.on_truncated(rd.reset_base[0] + 1)
+        if rd.truncate_from is not None:
+            store.truncate_from(rd.truncate_from)
+            if listener is not None:
+                listener.on_truncated(rd.truncate_from)
 
     def _stall(self, rd: Ready, e: DiskFull) -> None:
         if self._stalled is None:

@@ -24,6 +24,7 @@ import time
 from aiohttp import web
 
 from node.limits import REJECTIONS, Rejections
+from node.log_throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,7 @@ class LimitedSite(web.TCPSite):
         self.rejections = rejections
         self.refused = 0
         self._handshakes: set[asyncio.Task] = set()
-        self._last_warning = float("-inf")
-        self._unlogged = 0
+        self._warnings = LogThrottle(REFUSAL_LOG_INTERVAL_S)
 
     def open_connections(self) -> int:
         """Sockets accepted and not yet closed: in the TLS handshake, or held by aiohttp."""
@@ -112,10 +112,8 @@ class LimitedSite(web.TCPSite):
         self.rejections.add("http_connections")
         self.refused += 1
         transport.abort()
-        now = time.monotonic()
-        if now - self._last_warning < REFUSAL_LOG_INTERVAL_S:
-            self._unlogged += 1
+        skipped = self._warnings.due(time.monotonic())
+        if skipped is None:
             return
-        skipped, self._unlogged, self._last_warning = self._unlogged, 0, now
         log.warning("API: refusing a connection: %d open already (maxHttpConnections)%s", self.max_connections,
                     f" ({skipped} more refusals not logged)" if skipped else "")

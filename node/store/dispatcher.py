@@ -34,6 +34,7 @@ import struct
 import time
 from typing import Callable, Sequence
 
+from node.log_throttle import LogThrottle
 from node.replicated_log import ReplicatedLog, ScanBatch
 from node.store import layout as L
 from node.store.checkpoint import Checkpoint
@@ -146,7 +147,7 @@ class Dispatcher:
         self.dispatched_records = 0     # metrics
         self.handler_errors = 0
         self.disk_full_errors = 0       # CQ/index/checkpoint writes refused with ENOSPC (retried)
-        self._disk_full_logged = float("-inf")
+        self._disk_full_warnings = LogThrottle(DISK_FULL_LOG_INTERVAL_S)
 
     # --- observers ----------------------------------------------------------------------------
     @property
@@ -252,9 +253,7 @@ class Dispatcher:
         entries already built are skipped and the buffered ones rewritten at the same place
         (build_index, write_pending). Pulls see the queues as they were; nothing is lost."""
         self.disk_full_errors += 1
-        now = self._clock()
-        if now - self._disk_full_logged >= DISK_FULL_LOG_INTERVAL_S:
-            self._disk_full_logged = now
+        if self._disk_full_warnings.due(self._clock()) is not None:
             log.warning("dispatch paused at log position %d (%d bytes behind): disk full (%s); retrying "
                         "every %.0f s (%d disk-full errors so far)", self.position, self.behind_bytes, e,
                         DISK_FULL_RETRY_S, self.disk_full_errors)
