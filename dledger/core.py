@@ -194,8 +194,8 @@ class Ready:
     soft_role: Role
     leader_id: str | None
     term: int
-    # If set: storage.reset_to(base_index, base_term) first of all (InstallBase).
-    reset_base: tuple[int, int] | None = None
+    # If set: storage.reset_to(base_index, base_term, base_state) first of all (InstallBase).
+    reset_base: tuple[int, int, bytes] | None = None
 
 
 # --- the leader's per-follower replication machine --------------------------------
@@ -814,6 +814,7 @@ class RaftCore:
                 last_index=progress.follower_last[0],
                 last_term=progress.follower_last[1],
                 commit_index=self._commit,
+                state=self._log.base_state(),
             )
         else:
             assert progress.state is PeerState.COMPARE
@@ -1081,7 +1082,7 @@ class RaftCore:
             # message. Refusing sends the leader back to COMPARE.
             self._send(sender, InstallBaseResponse(self._term, m.base_index, False, self._ack_index()))
             return
-        self._log.reset(m.base_index, m.base_term)
+        self._log.reset(m.base_index, m.base_term, m.state)
         self._commit = max(self._commit, m.base_index)
         self._matched = m.base_index
         self._durable = min(self._durable, m.base_index)

@@ -292,8 +292,9 @@ def append_of_checked_entries(term: int, leader_id: str, prev_index: int, prev_t
 @dataclass(frozen=True, slots=True)
 class InstallBase:
     """The follower needs entries the leader no longer retains: restart your log
-    after (base_index, base_term). The base is committed, so nothing is lost.
-    Guarded like Truncate by the follower's last entry as last reported."""
+    after (base_index, base_term), whose state is `state` (the leader's base state,
+    opaque to Raft). The base is committed, so nothing is lost. Guarded like
+    Truncate by the follower's last entry as last reported."""
 
     term: int
     leader_id: str
@@ -302,6 +303,7 @@ class InstallBase:
     last_index: int
     last_term: int
     commit_index: int
+    state: bytes = b""
 
     def __post_init__(self) -> None:
         _check_int("term", self.term, minimum=1)
@@ -311,6 +313,8 @@ class InstallBase:
         _check_int("last_index", self.last_index)
         _check_int("last_term", self.last_term)
         _check_int("commit_index", self.commit_index)
+        if not isinstance(self.state, bytes):
+            raise InvalidMessage(f"state must be bytes, got {type(self.state).__name__}")
 
 
 # --- replication: follower -> leader ------------------------------------------------

@@ -12,7 +12,9 @@ never asks storage for an entry that storage does not have yet.
 Index conventions: a log is a *base* (base_index, base_term) followed by
 entries base_index+1 .. last_index. A fresh log has base (0, 0). The base is
 always committed: it is either the empty prefix, what retention compacted, or
-what a leader installed (InstallBase).
+what a leader installed (InstallBase). A base carries a *base state*: bytes opaque
+to the core (the application's state as of the base, b"" for none), which
+InstallBase hands to a follower together with the base.
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class RaftStorage(Protocol):
         """Entries lo .. hi-1 (first_index() <= lo < hi <= last_index()+1), stopping
         before max_bytes would be exceeded but always returning at least one."""
 
+    def base_state(self) -> bytes:
+        """The state stored with the base (what InstallBase sends); b"" for none."""
+
 
 _BODY = operator.attrgetter("body")
 
@@ -101,6 +106,7 @@ class MemoryStorage:
         self._hard_state = hard_state or HardState(0, None)
         self._base_index = base_index
         self._base_term = base_term
+        self._base_state = b""
         self._entries: list[Entry] = []
         self.append(entries)
 
@@ -132,6 +138,9 @@ class MemoryStorage:
         offset = self._base_index + 1
         return _take_within_budget(self._entries[lo - offset : hi - offset], max_bytes)
 
+    def base_state(self) -> bytes:
+        return self._base_state
+
     # --- write side ------------------------------------------------------------
 
     def append(self, entries: Sequence[Entry]) -> None:
@@ -150,19 +159,21 @@ class MemoryStorage:
     def set_hard_state(self, hard_state: HardState) -> None:
         self._hard_state = hard_state
 
-    def reset_to(self, base_index: int, base_term: int) -> None:
+    def reset_to(self, base_index: int, base_term: int, state: bytes = b"") -> None:
         """Drop everything; the log restarts after (base_index, base_term)."""
         self._entries = []
         self._base_index = base_index
         self._base_term = base_term
+        self._base_state = state
 
-    def compact(self, upto: int) -> None:
-        """Retention: forget entries <= upto (which must be committed)."""
+    def compact(self, upto: int, state: bytes = b"") -> None:
+        """Retention: forget entries <= upto (which must be committed); `state` is the
+        application's state as of upto."""
         if upto <= self._base_index:
             return
         term = self.term(upto)
         del self._entries[: upto - self._base_index]
-        self._base_index, self._base_term = upto, term
+        self._base_index, self._base_term, self._base_state = upto, term, state
 
 
 class RaftLog:
@@ -178,7 +189,7 @@ class RaftLog:
 
     def __init__(self, storage: RaftStorage) -> None:
         self._storage = storage
-        self._reset: tuple[int, int] | None = None
+        self._reset: tuple[int, int, bytes] | None = None
         self._truncate: int | None = None
         self._offset = storage.last_index() + 1
         self._unstable: list[Entry] = []
@@ -203,7 +214,7 @@ class RaftLog:
             position = index - self._offset
             return self._unstable[position].term if position < len(self._unstable) else None
         if self._reset is not None:
-            base_index, base_term = self._reset
+            base_index, base_term, _state = self._reset
             if index < base_index:
                 raise Compacted(index, base_index + 1)
             return base_term
@@ -292,9 +303,13 @@ class RaftLog:
         if self._reset is None:
             self._truncate = index if self._truncate is None else min(self._truncate, index)
 
-    def reset(self, base_index: int, base_term: int) -> None:
-        """Restart the log after (base_index, base_term)."""
-        self._reset = (base_index, base_term)
+    def base_state(self) -> bytes:
+        """The state of the base (a pending reset's, else storage's)."""
+        return self._reset[2] if self._reset is not None else self._storage.base_state()
+
+    def reset(self, base_index: int, base_term: int, state: bytes = b"") -> None:
+        """Restart the log after (base_index, base_term), whose state is `state`."""
+        self._reset = (base_index, base_term, state)
         self._truncate = None
         self._unstable.clear()
         self._offset = base_index + 1
@@ -304,7 +319,7 @@ class RaftLog:
     def has_pending(self) -> bool:
         return bool(self._unstable) or self._truncate is not None or self._reset is not None
 
-    def pending(self) -> tuple[tuple[int, int] | None, int | None, tuple[Entry, ...]]:
+    def pending(self) -> tuple[tuple[int, int, bytes] | None, int | None, tuple[Entry, ...]]:
         return self._reset, self._truncate, tuple(self._unstable)
 
     def persisted(self) -> None:

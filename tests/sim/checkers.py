@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 from dledger.core import Role
@@ -32,6 +33,18 @@ QUEUES = 4  # the sim's state machine counts messages per queue id = body[0] % Q
 
 class SimFailure(AssertionError):
     """A safety or liveness property failed; the message names the seed."""
+
+
+_COUNTS = struct.Struct(f">{QUEUES}Q")
+
+
+def encode_counts(counts: list[int]) -> bytes:
+    """The state machine as a base state (what compaction stores and InstallBase carries)."""
+    return _COUNTS.pack(*counts)
+
+
+def decode_counts(state: bytes) -> list[int]:
+    return list(_COUNTS.unpack(state)) if state else [0] * QUEUES
 
 
 def queue_of(entry: Entry) -> int | None:
@@ -70,12 +83,15 @@ class Checker:
         if index <= node.applied:
             self.fail(f"{node.node_id} truncates from {index} but applied {node.applied}")
 
-    def on_reset(self, node: SimNode, base_index: int, base_term: int) -> None:
+    def on_reset(self, node: SimNode, base_index: int, base_term: int, state: bytes) -> None:
         if base_index < node.applied:
             self.fail(f"{node.node_id} reset to base {base_index} below applied {node.applied}")
         reference = self.committed.get(base_index)
         if reference is not None and reference.term != base_term:
             self.fail(f"{node.node_id} reset to base ({base_index}, {base_term}) != committed term {reference.term}")
+        if base_index <= self.max_committed and decode_counts(state) != list(self.prefix_counts[base_index]):
+            self.fail(f"{node.node_id} reset to base {base_index} with state {decode_counts(state)} != "
+                      f"the committed log's {list(self.prefix_counts[base_index])}")
 
     def on_commit_index(self, node: SimNode, committed: int) -> None:
         if committed < node.commit_seen:
@@ -152,15 +168,15 @@ class Checker:
     # --- occasional and final full checks ----------------------------------------------
 
     def check_state_machines(self) -> None:
-        """Each live node's state equals the reference log's entries in
-        (its base, its applied index]: prefix counts make this O(nodes)."""
+        """Each live node's state equals the reference log's entries up to its applied
+        index, whatever part of them it got through a base state (compaction, restart,
+        InstallBase): prefix counts make this O(nodes)."""
         for node in self._cluster.nodes.values():
             if node.core is None:
                 continue
             if node.applied > self.max_committed:
                 self.fail(f"{node.node_id} applied {node.applied} beyond the reference {self.max_committed}")
-            high, low = self.prefix_counts[node.applied], self.prefix_counts[node.sm_base]
-            expected = [a - b for a, b in zip(high, low)]
+            expected = list(self.prefix_counts[node.applied])
             if expected != node.sm_counts:
                 self.fail(f"{node.node_id} state machine {node.sm_counts} != rebuilt {expected}")
 
@@ -182,10 +198,10 @@ class Checker:
         for node in self._cluster.nodes.values():
             if node.core is None or node.applied > core.commit_index:
                 continue
-            expected = [0] * QUEUES
-            start = max(node.sm_base, leader.disk.first_index() - 1)
-            if start != node.sm_base:
-                continue  # the leader compacted part of what this node applied
+            start = leader.disk.first_index() - 1
+            if node.applied < start:
+                continue  # the leader compacted past what this node applied
+            expected = decode_counts(leader.disk.base_state())
             for index in range(start + 1, node.applied + 1):
                 entry = leader.disk.entries(index, index + 1, 1 << 62)[0]
                 queue = queue_of(entry)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from dledger.core import NotLeader, ProposalDropped, RaftConfig, RaftCore, Ready, Role
 from dledger.messages import Entry
-from tests.sim.checkers import QUEUES, Checker, SimFailure, queue_of
+from tests.sim.checkers import Checker, SimFailure, decode_counts, encode_counts, queue_of
 from tests.sim.disk import SimDisk
 from tests.sim.network import NetworkConfig, SimNetwork
 
@@ -40,8 +40,7 @@ class SimNode:
     life: int = 0
     async_flush_ticks: int = 0  # 0: fsync before every advance (SYNC_FLUSH)
     applied: int = 0
-    sm_base: int = 0
-    sm_counts: list[int] = field(default_factory=lambda: [0] * QUEUES)
+    sm_counts: list[int] = field(default_factory=lambda: decode_counts(b""))  # queue -> messages applied
     commit_seen: int = 0
     down_until: int = 0
     last_view: tuple[Role, int] | None = None
@@ -109,8 +108,8 @@ class Cluster:
         rng = random.Random(self.rng.getrandbits(64))
         node.core = RaftCore(node_id, self.ids, node.disk, rng, self.config)
         base_index, _ = node.disk.base()
-        node.applied = node.sm_base = node.commit_seen = base_index
-        node.sm_counts = [0] * QUEUES
+        node.applied = node.commit_seen = base_index
+        node.sm_counts = decode_counts(node.disk.base_state())
         self.log(f"{node_id} starts (life {node.life}, last {node.disk.last_index()})")
 
     def crash(self, node_id: str, torn: bool = False, flip: bool = False) -> None:
@@ -170,8 +169,8 @@ class Cluster:
         if ready.reset_base is not None:
             self.checker.on_reset(node, *ready.reset_base)
             disk.reset_to(*ready.reset_base)
-            node.applied = node.sm_base = ready.reset_base[0]
-            node.sm_counts = [0] * QUEUES
+            node.applied = ready.reset_base[0]
+            node.sm_counts = decode_counts(ready.reset_base[2])
             self.log(f"{node.node_id} installs base {ready.reset_base}")
         if ready.truncate_from is not None:
             self.checker.on_truncate(node, ready.truncate_from)
@@ -322,6 +321,18 @@ class Cluster:
         leader = self.leader()
         if leader is not None:
             self.checker.check_against_leader(leader)
+
+
+def state_at(disk: SimDisk, upto: int) -> list[int]:
+    """The state machine as of entry `upto`: the disk's base state plus its entries up to there."""
+    counts = decode_counts(disk.base_state())
+    first = disk.first_index()
+    if upto >= first:
+        for entry in disk.entries(first, upto + 1, 1 << 62):
+            queue = queue_of(entry)
+            if queue is not None:
+                counts[queue] += 1
+    return counts
 
 
 def entries_of(node: SimNode) -> list[Entry]:
@@ -479,7 +490,7 @@ class FaultRun:
         keep = self.rng.randint(0, 12)
         upto = min(node.applied, node.disk.synced_index()) - keep
         if upto > node.disk.base()[0]:
-            node.disk.compact(upto)
+            node.disk.compact(upto, encode_counts(state_at(node.disk, upto)))
             self.cluster.log(f"{node.node_id} compacts up to {upto}")
 
     def _transfer(self) -> None:

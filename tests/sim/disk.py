@@ -50,6 +50,7 @@ class SimDisk:
         self._hard_state = HardState(0, None)
         self._base_index = 0
         self._base_term = 0
+        self._base_state = b""
         self._records: list[_Record] = []
         self._synced = 0  # number of leading records that are durable
 
@@ -97,10 +98,10 @@ class SimDisk:
         del self._records[index - self._base_index - 1 :]
         self._synced = min(self._synced, len(self._records))
 
-    def reset_to(self, base_index: int, base_term: int) -> None:
+    def reset_to(self, base_index: int, base_term: int, state: bytes) -> None:
         self._records = []
         self._synced = 0
-        self._base_index, self._base_term = base_index, base_term
+        self._base_index, self._base_term, self._base_state = base_index, base_term, state
 
     def set_hard_state(self, hard_state: HardState) -> None:
         self._hard_state = hard_state
@@ -111,16 +112,17 @@ class SimDisk:
     def synced_index(self) -> int:
         return self._base_index + self._synced
 
-    def compact(self, upto: int) -> None:
-        """Retention: forget synced entries <= upto."""
-        upto = min(upto, self.synced_index())
-        if upto <= self._base_index:
-            return
+    def compact(self, upto: int, state: bytes) -> None:
+        """Retention: forget synced entries <= upto; `state` is the state as of upto."""
+        assert self._base_index < upto <= self.synced_index(), (upto, self._base_index, self.synced_index())
         term = self.term(upto)
         dropped = upto - self._base_index
         del self._records[:dropped]
         self._synced -= dropped
-        self._base_index, self._base_term = upto, term
+        self._base_index, self._base_term, self._base_state = upto, term, state
+
+    def base_state(self) -> bytes:
+        return self._base_state
 
     # --- what checkers may look at --------------------------------------------------
 

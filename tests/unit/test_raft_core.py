@@ -753,13 +753,14 @@ def test_preferred_leader_receives_leadership_once_caught_up():
 
 def test_follower_below_the_leaders_first_retained_entry_is_reset_to_the_leaders_base():
     leader_storage = storage_with([1, 1, 1, 1, 1], term=1)
-    leader_storage.compact(3)
+    leader_storage.compact(3, b"state as of 3")
     storages = {"a": leader_storage, "b": storage_with([1, 1, 1, 1, 1], term=1), "c": MemoryStorage()}
     group = Group(storages=storages)
     group.elect("a")
     resets = [ready.reset_base for ready in group.readies["c"] if ready.reset_base is not None]
-    assert resets == [(3, 1)]
+    assert resets == [(3, 1, b"state as of 3")]   # the base's state travels with it
     assert group.storages["c"].first_index() == 4
+    assert group.storages["c"].base_state() == b"state as of 3"
     assert group.log_terms("c") == [1, 1, 2]
     assert group["c"].commit_index >= 3
     installs = [message for ready in group.readies["a"] for _, message in ready.messages

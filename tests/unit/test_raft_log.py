@@ -77,11 +77,12 @@ def test_raft_log_truncation_below_the_stable_tail_is_handed_to_the_shell():
 
 def test_raft_log_reset_hides_storage_until_persisted():
     log = RaftLog(MemoryStorage(entries=make_entries([1, 1, 1])))
-    log.reset(10, 3)
+    log.reset(10, 3, b"s")
     assert (log.first_index(), log.last_index(), log.term(10)) == (11, 10, 3)
     with pytest.raises(Compacted):
         log.term(9)
-    assert log.pending()[0] == (10, 3)
+    assert log.pending()[0] == (10, 3, b"s")
+    assert log.base_state() == b"s"     # the pending base's state, not storage's
 
 
 terms_strategy = st.lists(st.integers(min_value=0, max_value=3), min_size=0, max_size=30).map(
