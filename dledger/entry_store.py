@@ -3,6 +3,8 @@
     <root>/dledger-<selfId>/data/<20-digit pos>     entries (header + body), blanks at file ends
     <root>/dledger-<selfId>/index/<20-digit byte>   32 bytes per entry at index * 32
     <root>/dledger-<selfId>/meta                    JSON, written atomically (temp, fsync, rename, fsync dir)
+    <root>/dledger-<selfId>/base-<20-digit index>.state   the base's state (ENTRY_BASE_STATE + the
+                                                    broker's bytes), written atomically before meta names it
 
 Positions are identical on every replica: an entry goes at the end of the previous
 one unless `size + 8` does not fit in the file, in which case a blank (magic -1,
@@ -13,7 +15,12 @@ another segment size fails loudly instead of serving wrong offsets.
 
 Implements the core's `RaftStorage` (read side) plus the write side the shell uses:
 `append`, `truncate_from` (durable before it returns: RocketMQ #10666), `reset_to`,
-`set_hard_state`, `flush`, `checkpoint`, and `recover`.
+`compact_to` (retention), `set_hard_state`, `flush`, `checkpoint`, and `recover`.
+
+A log with a base (after retention or InstallBase) keeps the broker's state as of the
+base beside it: the queue-offset table, without which queue offsets could not continue
+once the entries that set them are gone. `base_state()` is that file's content, what
+InstallBase carries; `base_app_state` is the broker's part.
 
 Recovery walks every entry from the base checking magic, sizes, pos, consecutive
 indexes, non-decreasing terms, body and chain CRCs, and makes the index file agree.
@@ -170,6 +177,7 @@ class EntryStore:
         self._cache_pos: list[int] = []
         self._cache_bytes = 0
         self._pos_unknown = False   # after reset_to without a base pos (see reset_to)
+        self.base_app_state = b""   # the broker's state as of the base (b"": none)
         self.damaged: dict = {}     # index -> DamagedEntry found by recover() (dledger/repair.py)
         self._recovered = False
         # Held by flush() (possibly on a flusher thread) and by everything that cuts or closes files.
@@ -251,6 +259,12 @@ class EntryStore:
             end = at + size
             i += 1
         return records, end
+
+    def base_state(self) -> bytes:
+        """The base's state as InstallBase carries it: ENTRY_BASE_STATE + the broker's bytes."""
+        if self.meta.base_index == 0:
+            return b""
+        return L.ENTRY_BASE_STATE.pack(self.meta.base_pos, _crc32(self.base_app_state)) + self.base_app_state
 
     # --- geometry used by DLedgerLog -------------------------------------------------
     @property
@@ -464,23 +478,32 @@ class EntryStore:
             self._write_meta()
         log.info("%s: truncated from index %d (pos %d)", self.dir, index, prev_end)
 
-    def reset_to(self, base_index: int, base_term: int, base_pos: int | None = None) -> None:
-        """Drop everything; the log restarts after (base_index, base_term).
+    def reset_to(self, base_index: int, base_term: int, state: bytes = b"", *, base_pos: int | None = None) -> None:
+        """Drop everything; the log restarts after (base_index, base_term) with the leader's
+        base `state` (`base_state()` of the leader: its base pos and the broker's state).
 
-        The follower must put entry base_index+1 where the leader has it. Without
-        `base_pos` it is derived from the first NORMAL entry appended next (its record
-        carries PHYSICALOFFSET = pos + 48). Meta is written first so a crash mid-reset
-        recovers to the new base (old files below it are removed at recovery)."""
+        The follower must put entry base_index+1 where the leader has it: at the state's
+        base pos, or `base_pos`; with neither it is derived from the first NORMAL entry
+        appended next (its record carries PHYSICALOFFSET = pos + 48). The state file and
+        then meta are written first, so a crash mid-reset recovers to the new base (old
+        files below it are removed at recovery)."""
+        app = b""
+        if state:
+            base_pos, app = _parse_base_state(state, f"InstallBase state for base {base_index}")
         with self.flush_lock:
-            self._reset_to(base_index, base_term, base_pos)
+            self._reset_to(base_index, base_term, base_pos, app)
 
-    def _reset_to(self, base_index: int, base_term: int, base_pos: int | None) -> None:
+    def _reset_to(self, base_index: int, base_term: int, base_pos: int | None, app: bytes) -> None:
         m = self.meta
+        pos = base_pos if base_pos is not None else self._end_pos
+        self._write_base_state(base_index, pos, app)
         m.base_index, m.base_term, m.base_chain = base_index, base_term, 0
-        m.base_pos = base_pos if base_pos is not None else self._end_pos
+        m.base_pos = pos
         m.checkpoint_index = max(m.checkpoint_index, base_index)
         m.committed = max(m.committed, base_index)
         self._write_meta()
+        self.base_app_state = app
+        self._remove_stale_states()
         self.data.reset_to(m.base_pos)
         self.index.reset_to((base_index + 1) * INDEX_SIZE)
         self._last_index, self._last_term = base_index, base_term
@@ -489,7 +512,78 @@ class EntryStore:
         self._run_starts, self._run_terms = [], []
         self._cache_cut(0)
         self._pos_unknown = base_pos is None
-        log.warning("%s: log reset to base %d (term %d)", self.dir, base_index, base_term)
+        log.warning("%s: log reset to base %d (term %d) at pos %d", self.dir, base_index, base_term, m.base_pos)
+
+    def compact_to(self, base_index: int, app_state: bytes) -> list[str]:
+        """Retention: forget entries <= base_index, which must be committed and fsynced, with
+        at least one entry after them; `app_state` is the broker's state as of base_index.
+
+        The state file, then meta (the new base) are written before any file is deleted:
+        a crash in between recovers to the new base and removes the files below it. Whole
+        data and index files below the new base go; returns their paths."""
+        with self.flush_lock:
+            m = self.meta
+            if base_index <= m.base_index:
+                return []
+            if not (base_index < self._last_index and base_index <= self._flushed_index
+                    and base_index <= m.durable_mark):
+                raise ValueError(f"compact_to({base_index}): only committed, fsynced entries with one after them "
+                                 f"(last {self._last_index}, fsynced {self._flushed_index}, durable {m.durable_mark})")
+            base, nxt = self.entry_at(base_index), self.entry_at(base_index + 1)
+            chain = int.from_bytes(self.data.read(base.pos + _CHAIN_AT, 4), "big")
+            before = (m.base_index, m.base_term, m.base_pos, m.base_chain)
+            try:
+                self._write_base_state(base_index, nxt.pos, app_state)
+                m.base_index, m.base_term, m.base_pos, m.base_chain = base_index, base.term, nxt.pos, chain
+                self._write_meta()
+            except StoreFatal as e:
+                m.base_index, m.base_term, m.base_pos, m.base_chain = before
+                if not _is_enospc(e):
+                    raise
+                raise DiskFull(f"disk full writing the new base {base_index} of {self.dir}; nothing deleted") \
+                    from e.__cause__
+            self.base_app_state = app_state
+            self._remove_stale_states()
+            removed = self.data.delete_head(nxt.pos) + self.index.delete_head((base_index + 1) * INDEX_SIZE)
+            keep_run = bisect.bisect_right(self._run_starts, base_index + 1) - 1
+            del self._run_starts[:keep_run], self._run_terms[:keep_run]
+            if self._cache and self._cache[0].index <= base_index:
+                drop = min(len(self._cache), base_index + 1 - self._cache[0].index)
+                self._cache_bytes -= sum(HEADER + len(e.body) for e in self._cache[:drop])
+                del self._cache[:drop], self._cache_pos[:drop]
+        log.info("%s: compacted to base %d (pos %d): %d file(s) deleted", self.dir, base_index, nxt.pos, len(removed))
+        return removed
+
+    def _state_path(self, base_index: int) -> str:
+        return os.path.join(self.dir, f"base-{base_index:020d}.state")
+
+    def _write_base_state(self, base_index: int, base_pos: int, app: bytes) -> None:
+        try:
+            self.fs.write_atomic(self._state_path(base_index),
+                                 L.ENTRY_BASE_STATE.pack(base_pos, _crc32(app)) + app)
+        except OSError as e:
+            raise StoreFatal(f"writing {self._state_path(base_index)} failed: {e}") from e
+
+    def _read_base_state(self) -> bytes:
+        m = self.meta
+        path = self._state_path(m.base_index)
+        if m.base_index == 0:
+            return b""
+        if not self.fs.exists(path):
+            log.warning("%s: no state file for base %d; queue offsets continue from what the log holds",
+                        self.dir, m.base_index)
+            return b""
+        pos, app = _parse_base_state(self.fs.read_file(path), path)
+        if pos != m.base_pos:   # a crash while a reset learned its pos (_rebase_empty): meta's is the newer
+            log.warning("%s: state file puts base %d at %d, meta at %d; meta's kept", self.dir, m.base_index,
+                        pos, m.base_pos)
+        return app
+
+    def _remove_stale_states(self) -> None:
+        keep = os.path.basename(self._state_path(self.meta.base_index))
+        for name in self.fs.listdir(self.dir):
+            if name.startswith("base-") and name.endswith((".state", ".state.tmp")) and name != keep:
+                self.fs.remove(os.path.join(self.dir, name))
 
     def close(self) -> None:
         with self.flush_lock:
@@ -503,6 +597,8 @@ class EntryStore:
         self.fs.makedirs(self.dir)
         self.meta = self._read_meta()
         m = self.meta
+        self.base_app_state = self._read_base_state()
+        self._remove_stale_states()
         self._remove_below(self.data, m.base_pos)
         self._remove_below(self.index, (m.base_index + 1) * INDEX_SIZE)
         self.data.load()
@@ -821,6 +917,7 @@ class EntryStore:
         assert self._last_index == self.meta.base_index
         self.meta.base_pos = pos
         self._write_meta()
+        self._write_base_state(self.meta.base_index, pos, self.base_app_state)
         self.data.reset_to(pos)
         self._end_pos = pos
         self._pos_unknown = False
@@ -871,6 +968,17 @@ class EntryStore:
             self.fs.write_atomic(self.meta_path, json.dumps(asdict(self.meta), sort_keys=True).encode())
         except OSError as e:
             raise StoreFatal(f"writing {self.meta_path} failed: {e}") from e
+
+
+def _parse_base_state(raw: bytes, what: str) -> tuple[int, bytes]:
+    """(base pos, the broker's state) from ENTRY_BASE_STATE + state; StoreFatal if damaged."""
+    if len(raw) < L.ENTRY_BASE_STATE.size:
+        raise StoreFatal(f"{what}: {len(raw)} bytes, shorter than its header")
+    pos, crc = L.ENTRY_BASE_STATE.unpack_from(raw)
+    app = raw[L.ENTRY_BASE_STATE.size:]
+    if pos < 0 or _crc32(app) != crc:
+        raise StoreFatal(f"{what} is damaged (pos {pos}, crc mismatch: {_crc32(app) != crc})")
+    return pos, app
 
 
 def _is_enospc(e: StoreFatal) -> bool:

@@ -140,6 +140,14 @@ ENTRY_INDEX, _ = _layout(
 )
 assert ENTRY_INDEX.size == 32
 
+# DLedger base state: dledger-<id>/base-<20-digit base index>.state, and InstallBase.state
+# on the wire. This header, then the broker's state as of the base (its queue-offset table).
+ENTRY_BASE_STATE, _ = _layout(
+    ("base_pos", "q"),          # where entry base_index + 1 starts
+    ("state_crc", "I"),         # crc32 of the state bytes that follow
+)
+assert ENTRY_BASE_STATE.size == 12
+
 # --- Consume queue unit -----------------------------------------------------------------
 CQ_UNIT, _ = _layout(
     ("commitlog_offset", "q"),  # body offset of the message record

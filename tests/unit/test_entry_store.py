@@ -14,6 +14,7 @@ import pytest
 
 from dledger.entry_store import EntryStore, INDEX_SIZE, place_entry
 from dledger.messages import Entry, EntryType, HardState
+from dledger.raft_storage import Compacted
 from node.store import layout as L
 from node.store.errors import StoreFatal
 from node.store.fileio import FaultyFileSystem
@@ -361,3 +362,91 @@ def test_an_append_that_meets_a_full_disk_leaves_the_store_as_it_was(tmp_path, b
     s2, report = reopen(s, fs, tmp_path)
     assert report.cut_at_index is None and s2.last_index() == 25
     assert [e.body for e in s2.entries(1, 26, 1 << 20)] == [e.body for e in mk(1, 5) + batch]
+
+
+# --- retention: compact_to and the base state ------------------------------------------------
+
+
+def _filled(fs, root, n=60):
+    s = open_store(fs, root)
+    pos = s.append(mk(1, n))
+    s.flush()
+    s.checkpoint(n)
+    return s, pos
+
+
+def test_compact_to_deletes_whole_files_below_the_new_base_and_survives_a_restart(tmp_path):
+    fs = FaultyFileSystem(20)
+    s, pos = _filled(fs, tmp_path)
+    k = next(i for i, p in enumerate(pos, 1) if p >= 3 * SEG)     # first entry of the 4th file
+    removed = s.compact_to(k - 1, b"queues as of k-1")
+    assert sorted(os.path.basename(p) for p in removed if "/data/" in p) == [f"{i * SEG:020d}" for i in range(3)]
+    assert (s.first_index(), s.start_pos, s.term(k - 1)) == (k, 3 * SEG, 1)
+    assert s.entries(k, 61, 1 << 30) == mk(1, 60)[k - 1:]
+    with pytest.raises(Compacted):
+        s.entries(k - 1, k, 1 << 30)
+    s, rep = reopen(s, fs, tmp_path)
+    assert (rep.first_index, rep.last_index, rep.cut_at_index) == (k, 60, None)   # chain seeded from the base
+    assert s.base_app_state == b"queues as of k-1"
+    assert s.entry_at(k).pos == pos[k - 1] == 3 * SEG
+    assert sorted(n for n in os.listdir(s.dir) if n.startswith("base-")) == [f"base-{k - 1:020d}.state"]
+    s.close()
+
+
+def test_compact_to_refuses_what_is_not_committed_fsynced_and_followed(tmp_path):
+    fs = FaultyFileSystem(21)
+    s = open_store(fs, tmp_path)
+    s.append(mk(1, 10))
+    s.flush()
+    s.checkpoint(5)
+    with pytest.raises(ValueError):
+        s.compact_to(6, b"")           # above the durable mark
+    with pytest.raises(ValueError):
+        s.compact_to(10, b"")          # nothing after it
+    s.append(mk(11, 2))                # not fsynced
+    s.checkpoint(12)
+    assert s.compact_to(5, b"x") == [] and s.first_index() == 6
+    s.close()
+
+
+def test_a_follower_reset_with_the_leaders_base_state_continues_at_the_leaders_positions(tmp_path):
+    fs = FaultyFileSystem(22)
+    leader, pos = _filled(fs, tmp_path / "a")
+    k = next(i for i, p in enumerate(pos, 1) if p >= 2 * SEG)
+    leader.compact_to(k - 1, b"table")
+    follower = open_store(fs, tmp_path / "b")
+    follower.append(mk(1, 3))
+    follower.flush()
+    follower.reset_to(k - 1, 1, leader.base_state())
+    assert (follower.start_pos, follower.base_app_state, follower.first_index()) == (2 * SEG, b"table", k)
+    assert follower.append(leader.entries(k, 61, 1 << 30)) == pos[k - 1:]
+    follower.flush()
+    follower, rep = reopen(follower, fs, tmp_path / "b")
+    assert (rep.first_index, rep.last_index, follower.base_app_state) == (k, 60, b"table")
+    assert follower.base_state() == leader.base_state()
+    follower.close()
+    leader.close()
+
+
+def test_a_crash_between_the_state_file_and_meta_keeps_the_old_base(tmp_path):
+    fs = FaultyFileSystem(23)
+    s, pos = _filled(fs, tmp_path)
+    s.compact_to(5, b"old")
+    s._write_base_state(20, pos[20], b"new")     # compact_to's first step, then the crash
+    s, rep = reopen(s, fs, tmp_path)
+    assert (rep.first_index, s.base_app_state) == (6, b"old")
+    assert [n for n in os.listdir(s.dir) if n.startswith("base-")] == [f"base-{5:020d}.state"]
+    s.close()
+
+
+def test_a_damaged_base_state_stops_recovery_with_a_clear_error(tmp_path):
+    fs = FaultyFileSystem(24)
+    s, _ = _filled(fs, tmp_path)
+    s.compact_to(5, b"queue table")
+    path = s._state_path(5)
+    s.close()
+    raw = bytearray(open(path, "rb").read())
+    raw[-1] ^= 1
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(StoreFatal, match="damaged"):
+        EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG).recover()
