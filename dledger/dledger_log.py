@@ -12,7 +12,17 @@ Queue offsets: every replica folds each committed NORMAL entry into an
 that becomes leader copies that table and folds in its uncommitted tail (its whole
 log is persisted by then, its no-op included) before it accepts a write: DESIGN 4,
 "a new leader rebuilds its queue-offset table from its whole log". At start the
-applied table is replayed from the log up to the last checkpointed commit.
+applied table is replayed from the log up to the last checkpointed commit, starting
+from the table stored with the log's base.
+
+Retention (`retention_tick`, RocketMQ's fileReservedTime / deleteWhen / disk ratios):
+head data files go whole, and only below what is committed, fsynced, applied and
+dispatched here. The new base is the last entry before the first kept file; the
+applied table as of that entry is stored with it (`EntryStore.compact_to`), so a
+restart replays from there, and InstallBase hands it to a follower that is reset to
+the base, whose queue offsets then continue where the leader's do. To have that table
+at hand, the applied table is copied each time it folds the first entry of a new
+data file (`_file_tables`: one small dict per file).
 
 A caller's append resolves SEND_OK when its last entry commits in the term it was
 proposed in; it fails with a retriable NotLeader when leadership is lost or its
@@ -29,7 +39,10 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from datetime import datetime
+from typing import Callable, Sequence
+
+import msgpack
 
 from dledger.core import NotLeader as CoreNotLeader
 from dledger.core import ProposalDropped
@@ -44,6 +57,7 @@ from node.store.disk_guard import DiskGuard
 from node.store.errors import DiskFull, InvalidMessage, NotLeader, StoreError, StoreFatal
 from node.store.message import MessageDraft
 from node.store.queue_offsets import QueueOffsetTable
+from node.store.retention import RetentionDecision, RetentionPolicy, SegmentAge, decide
 from node.store.scrub import CorruptData, CorruptionRegistry, CorruptRange
 from dledger import repair as R
 
@@ -83,8 +97,9 @@ class DLedgerLog:
 
     def __init__(self, node: RaftNode, peer_api_addrs: dict[str, str], store_host: str = "127.0.0.1",
                  store_port: int = 0, append_timeout_s: float = 5.0, max_propose_entries: int | None = None,
-                 disk: DiskGuard | None = None):
+                 disk: DiskGuard | None = None, retention: RetentionPolicy | None = None):
         self.node = node
+        self.retention = retention       # None: the log is never cut (tests)
         # The store volume's fill limit: a leader refuses sends at it, a follower the leader's
         # appends (it keeps answering everything else, so no election follows).
         self.disk = disk
@@ -98,6 +113,17 @@ class DLedgerLog:
         self.max_propose_entries = max_propose_entries or node.raft_config.max_batch_entries
         node.listener = self
         self._applied_table = QueueOffsetTable()
+        # index -> the applied table as of it, for each entry that is the last before a data file
+        # (retention's candidate bases); _fold_file: the file of the last entry folded into it
+        self._file_tables: dict[int, dict] = {}
+        self._fold_file = -1
+        # Told the log's new start position when an InstallBase resets this replica (the
+        # broker drops its consume queues of the old log and dispatch jumps there).
+        self.reset_listeners: list[Callable[[int], None]] = []
+        # The broker's replicated state (topics, consumer offsets) for a base: taken when
+        # retention cuts the log, given to a replica reset to the base (set by the broker).
+        self.export_broker_state: Callable[[], dict] | None = None
+        self.import_broker_state: Callable[[dict], None] | None = None
         self._table = QueueOffsetTable()       # leader only: includes uncommitted entries
         self._applied_index = 0
         self._commit_index = 0
@@ -208,7 +234,9 @@ class DLedgerLog:
             self.corruption.report(R.damage_range(s, d, "recovery"))
         known = min(max(s.meta.committed, s.first_index() - 1), s.last_index())
         self._applied_index = s.first_index() - 1
-        self._replay(self._applied_table, self._applied_index + 1, known)
+        self._applied_table = QueueOffsetTable(self._base_table())
+        self._file_tables, self._fold_file = {}, -1
+        self._replay(self._applied_table, self._applied_index + 1, known, mark_files=True)
         self._applied_index = self._commit_index = known
         self._committed_pos = self._end_of(known)
 
@@ -242,13 +270,23 @@ class DLedgerLog:
         self._writable_term = None
         self._fail_pending(0, f"store failure: {error}", fatal=True)
 
+    def _base_table(self) -> dict:
+        return _decode_base_state(self.store.base_app_state, self.store.first_index() - 1)[0]
+
     def _on_reset(self, base_index: int) -> None:
-        # The base is committed by definition; the leader's state for it is unknown here,
-        # so the applied table cannot be continued (it is rebuilt at the next restart).
-        log.warning("dledger: log reset to %d; queue-offset table continues from the reset", base_index)
+        """InstallBase: the log restarts after the leader's base, with the leader's table as of it."""
         self._applied_index = max(self._applied_index, base_index)
         self._commit_index = max(self._commit_index, base_index)
         self._committed_pos = self.store.start_pos
+        table, broker = _decode_base_state(self.store.base_app_state, base_index)
+        self._applied_table = QueueOffsetTable(table)
+        self._file_tables, self._fold_file = {}, -1
+        log.warning("dledger %s: log reset to the leader's base %d at %d; queue offsets continue from its "
+                    "table (%d queues)", self.node.node_id, base_index, self.store.start_pos, len(self._applied_table))
+        for listener in list(self.reset_listeners):
+            listener(self.store.start_pos)
+        if broker and self.import_broker_state is not None:
+            self.import_broker_state(broker)
 
     def _become_writable(self, term: int) -> None:
         """New leader: its whole log is persisted now (no-op included); rebuild, then accept."""
@@ -263,7 +301,7 @@ class DLedgerLog:
                  (time.monotonic() - t0) * 1000)
 
     def _apply_commits(self, committed: int) -> None:
-        self._replay(self._applied_table, self._applied_index + 1, committed)
+        self._replay(self._applied_table, self._applied_index + 1, committed, mark_files=True)
         self._applied_index = self._commit_index = committed
         self._committed_pos = self._end_of(committed)
         while self._pending and self._pending[0].last <= committed:
@@ -278,8 +316,9 @@ class DLedgerLog:
         self._commit_changed.set()
         self._commit_changed = asyncio.Event()
 
-    def _replay(self, table: QueueOffsetTable, lo: int, hi: int) -> None:
-        """Fold NORMAL entries lo..hi (inclusive) into `table` (corrupt ones when repaired)."""
+    def _replay(self, table: QueueOffsetTable, lo: int, hi: int, mark_files: bool = False) -> None:
+        """Fold NORMAL entries lo..hi (inclusive) into `table` (corrupt ones when repaired);
+        `mark_files`: `table` is the applied one, copied where a data file starts."""
         skip = sorted(r.index for r in self.corruption.ranges() if r.index is not None) if self.corruption else []
         i = lo
         while i <= hi:
@@ -290,8 +329,37 @@ class DLedgerLog:
             # Recent entries straight from the store's cache (no byte budget to count: they are
             # in memory already), older ones read from disk in bounded batches.
             batch = self.store.cached_entries(i, stop) or self.store.entries(i, stop, _REPLAY_BATCH_BYTES)
-            _fold_entries(table, batch)
+            if mark_files:
+                self._fold_marking_files(table, batch)
+            else:
+                _fold_entries(table, batch)
             i += len(batch)
+
+    def _fold_marking_files(self, table: QueueOffsetTable, batch: list) -> None:
+        """Fold `batch` into the applied table, copying the table as of each entry that is
+        the last before a data file (one `entry_at` per batch unless a file starts in it)."""
+        seg, entry_at = self.store.segment_size, self.store.entry_at
+
+        def file_of(j: int) -> int:
+            return entry_at(batch[j].index).pos // seg
+
+        j, n = 0, len(batch)
+        while j < n:
+            if file_of(n - 1) == self._fold_file:
+                _fold_entries(table, batch[j:])
+                return
+            f = file_of(j)
+            if f != self._fold_file:
+                base = batch[j].index - 1
+                if base >= self.store.first_index() and not self.corruption:
+                    self._file_tables[base] = table.snapshot()
+                self._fold_file = f
+            lo, hi = j, n - 1            # the last entry of the batch still in file f
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if file_of(mid) == f else (lo, mid - 1)
+            _fold_entries(table, batch[j:lo + 1])
+            j = lo + 1
 
     def _end_of(self, index: int) -> int:
         if index < self.store.first_index():
@@ -411,6 +479,54 @@ class DLedgerLog:
             f, last = self.node.propose(bodies[i:i + self.max_propose_entries])
             first = f if first < 0 else first
         return first, last
+
+    # --- retention ------------------------------------------------------------------------------
+    async def retention_tick(self, now: datetime | None = None) -> RetentionDecision | None:
+        """Delete expired head data files (the broker calls this every ~10 s); see the module
+        docstring. None when retention is off or nothing may go yet."""
+        store, policy = self.store, self.retention
+        if policy is None or self.node.fatal is not None or self.node.core is None:
+            return None
+        ratio = 0.0
+        if self.disk is not None:
+            self.disk.recheck()
+            ratio = self.disk.ratio()
+        safe_index = min(self._applied_index, store.flushed_index, store.meta.durable_mark, store.last_index() - 1)
+        if safe_index < store.first_index():
+            return None
+        safe_upto = min(self._end_of(safe_index), self._scan_floor)
+        segs = store.data.segments
+        ages = [SegmentAge(sg.base, sg.base + store.segment_size if i < len(segs) - 1 else store.end_pos,
+                           store.fs.mtime(sg.path)) for i, sg in enumerate(segs)]
+        decision = decide(policy, now or datetime.now(), ages, ratio, safe_upto)
+        if not decision.delete_bases:
+            return decision
+        base = self._last_before(decision.delete_upto, safe_index)
+        table = self._file_tables.get(base) if base is not None else None
+        if table is None:
+            log.warning("dledger %s: retention would cut below %d but has no queue-offset table for entry %s; "
+                        "waiting for the next file", self.node.node_id, decision.delete_upto, base)
+            return None
+        broker = self.export_broker_state() if self.export_broker_state is not None else {}
+        removed = store.compact_to(base, _encode_base_state(table, broker))
+        for k in [k for k in self._file_tables if k <= base]:
+            del self._file_tables[k]
+        if self.disk is not None:
+            self.disk.recheck()
+        log.info("dledger %s: retention deleted %d file(s) (%s); the log now starts at entry %d, position %d",
+                 self.node.node_id, len(removed), decision.reason, base + 1, store.start_pos)
+        return decision
+
+    def _last_before(self, pos: int, hi: int) -> int | None:
+        """The entry just before the first entry at or past `pos` (among first..hi+1), or None."""
+        store = self.store
+        lo, top = store.first_index(), hi + 1
+        if store.entry_at(top).pos < pos:
+            return None
+        while lo < top:                      # first index in lo..top whose entry starts at or past pos
+            mid = (lo + top) // 2
+            lo, top = (mid + 1, top) if store.entry_at(mid).pos < pos else (lo, mid)
+        return lo - 1 if lo - 1 >= store.first_index() else None
 
     # --- reads ------------------------------------------------------------------------------
     @property
@@ -559,6 +675,31 @@ class DLedgerLog:
                    "disk_usage_ratio": round(self.disk.ratio(), 4) if self.disk is not None else None,
                    "campaign_blocked": bool(self.node.core is not None and self.node.core.campaign_blocked)})
         return st
+
+
+def _encode_base_state(table: dict, broker: dict) -> bytes:
+    """The broker's part of a base state: msgpack {"queues": [[topic, queue id, next offset], ...],
+    "broker": the broker's replicated state}. The queue table is the one as of the base; the
+    broker's state may be newer (its records past the base are applied again on top: last write wins)."""
+    return msgpack.packb({"queues": sorted([t, q, n] for (t, q), n in table.items()), "broker": broker},
+                         use_bin_type=True)
+
+
+def _decode_base_state(raw: bytes, base_index: int) -> tuple[dict, dict]:
+    """(queue table, broker state) of a base state; b"" is none. StoreFatal if unreadable."""
+    if not raw:
+        return {}, {}
+    try:
+        state = msgpack.unpackb(raw, raw=False, use_list=False, strict_map_key=False)
+        table = {(t, q): n for t, q, n in state["queues"]}
+        broker = state.get("broker") or {}
+        if not all(type(t) is str and type(q) is int and type(n) is int and n >= 0 for (t, q), n in table.items()):
+            raise ValueError("a queue row is not (topic, queue id, offset >= 0)")
+        if not isinstance(broker, dict):
+            raise ValueError("the broker's state is not a map")
+    except (ValueError, TypeError, KeyError, AttributeError, msgpack.UnpackException) as e:
+        raise StoreFatal(f"the state of base {base_index} is unreadable: {e}") from e
+    return table, broker
 
 
 def _fold_entries(table: QueueOffsetTable, entries: Sequence) -> None:

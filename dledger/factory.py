@@ -4,7 +4,7 @@ Keys read: dLegerGroup (default brokerName), dLegerPeers `n0-host:port;...` (Raf
 addresses), dLegerSelfId, preferredLeaderId, flushDiskType, flushIntervalCommitLog,
 syncFlushTimeout (append wait), storePathRootDir, mappedFileSizeCommitLog (data
 segment size: must be equal on every replica), brokerIP1/listenPort (store host
-stamped into records).
+stamped into records), fileReservedTime / deleteWhen / disk ratios (retention).
 
 Peers' API addresses (for NotLeader hints): `dLegerPeerApis` `n0-host:port;...` if
 set; otherwise by convention the Raft host and Raft port - 30000
@@ -69,6 +69,7 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
                         async_flush_interval_ms=config.flush_interval_commit_log_ms)
     from dledger.transport import TransportConfig
     from node.peer_auth import peer_security_from_config
+    from node.server import retention_policy
     security = peer_security_from_config(config, (raft[config.dleger_self_id][0],))
     node = RaftNode(config.dleger_self_id, config.group, raft, store, rc, shell,
                     transport_config=TransportConfig(security=security,
@@ -78,4 +79,5 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
                       # looked at on every send and every append received (a statvfs, ~2 us): a disk
                       # filling fast is refused before the write, not met by an ENOSPC that stalls Raft
                       disk=DiskGuard(fs, config.store_root, config.disk_space_warning_level_ratio_pct,
-                                     check_interval_ms=0))
+                                     check_interval_ms=0),
+                      retention=retention_policy(config))

@@ -423,6 +423,28 @@ class Broker:
         self.offset_store.save(table)
         self._offsets_dirty = False
 
+    def export_replicated_state(self) -> dict:
+        """Topics and consumer offsets as a DLedger base carries them (see DLedgerLog retention)."""
+        return {"topics": [[t, c.read_queue_nums, c.write_queue_nums, c.perm] for t, c in self.topics.items()],
+                "offsets": [[k, q, o] for k, v in self.offsets.items() for q, o in v.items()]}
+
+    def import_replicated_state(self, state: dict) -> None:
+        """This replica's log was reset to the leader's base: the records that set topics and
+        offsets before it are gone from here, so take the leader's tables (the records past the
+        base are applied again on top as they commit) and store them."""
+        try:
+            topics = {str(t): TopicConfig(str(t), int(r), int(w), int(p)) for t, r, w, p in state.get("topics", ())}
+            offsets: dict[str, dict[int, int]] = {}
+            for key, q, o in state.get("offsets", ()):
+                offsets.setdefault(str(key), {})[int(q)] = int(o)
+        except (TypeError, ValueError) as e:
+            log.error("ignoring the leader's topics and offsets at a log reset: malformed (%s)", e)
+            return
+        self.topics, self.offsets = topics, offsets
+        self._save_snapshots()
+        log.warning("took %d topics and %d consumer offsets from the leader's base", len(topics),
+                    sum(len(v) for v in offsets.values()))
+
     def _replay_system_queues(self) -> None:
         """Re-apply system records past the snapshots (idempotent: last write in log order wins)."""
         n = self._replay_queue(SYS_TOPIC_CONFIG, 0, self._apply_topic_config)

@@ -151,13 +151,18 @@ def build_log(config: BrokerConfig, fs: FileSystem, checkpoint: Checkpoint) -> R
                     checkpoint_committed_offset=checkpoint.committed_offset)
 
 
+def retention_policy(config: BrokerConfig) -> RetentionPolicy:
+    """fileReservedTime, deleteWhen and the disk ratios of a broker.conf (every mode)."""
+    return RetentionPolicy(file_reserved_time_hours=config.file_reserved_time_hours,
+                           delete_when=config.delete_when,
+                           disk_max_used_space_ratio=config.disk_max_used_space_ratio_pct,
+                           disk_space_warning_level_ratio=config.disk_space_warning_level_ratio_pct)
+
+
 def local_log_config(config: BrokerConfig) -> "LocalLogConfig":
     """The single-node commitlog settings of a broker.conf (standalone and classic HA)."""
     from node.local_log import LocalLogConfig
-    retention = RetentionPolicy(file_reserved_time_hours=config.file_reserved_time_hours,
-                                delete_when=config.delete_when,
-                                disk_max_used_space_ratio=config.disk_max_used_space_ratio_pct,
-                                disk_space_warning_level_ratio=config.disk_space_warning_level_ratio_pct)
+    retention = retention_policy(config)
     return LocalLogConfig(segment_size_bytes=config.mapped_file_size_commit_log,
                           flush_disk_type=config.flush_disk_type,
                           flush_interval_ms=config.flush_interval_commit_log_ms,
@@ -181,7 +186,29 @@ def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:
     broker.fs = fs
     from ha.wiring import attach_truncation
     attach_truncation(broker)
+    follow_dledger_resets(broker)
     return broker
+
+
+def follow_dledger_resets(broker: Broker) -> None:
+    """DLedger mode: the base states retention stores carry the broker's topics and consumer
+    offsets, and a replica reset to the leader's base (InstallBase) drops its consume queues
+    of the old log (their data is gone) and dispatches from the new start."""
+    rlog = broker.log
+    if getattr(rlog, "mode", None) != "dledger":
+        return
+    rlog.export_broker_state = broker.export_replicated_state
+    rlog.import_broker_state = broker.import_replicated_state
+
+    def on_reset(start: int) -> None:
+        cut = broker.cq_store.truncate_past_physical(0)
+        d = broker.dispatcher
+        d.position = max(d.position, start)
+        d.flushed_position = max(d.flushed_position, start)
+        log.warning("log reset to the leader's base: dropped %d consume-queue units of the old log; dispatch "
+                    "resumes at %d", cut, d.position)
+
+    rlog.reset_listeners.append(on_reset)
 
 
 # --- running -----------------------------------------------------------------------------------

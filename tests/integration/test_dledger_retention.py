@@ -1,0 +1,151 @@
+"""Retention in DLedger mode: head files deleted, queue offsets, topics and consumer offsets
+continue across a restart and across InstallBase.
+
+Goal: `retention_tick` at deleteWhen's hour deletes the expired head data files of every
+replica below what it has committed, fsynced and dispatched; the consume queues follow.
+A replica restarted on its cut log keeps assigning the queue offsets it would have. A
+follower that was down while the others cut past its log is reset to the leader's base
+(InstallBase): it takes the leader's queue-offset table, topics and consumer offsets as of
+the base, drops its consume queues of the old log, dispatches from the base and, made
+leader, continues every queue where the group left it.
+Before, a DLedger log was never cut (it grew until the disk guard refused sends), and a
+replica reset to a leader's base would have restarted its queue offsets from what its log
+still held.
+Method: three brokers in DLedger mode (build_broker, real files and loopback sockets) in one
+event loop, 128 KiB data files; retention is ticked by hand with a clock at 04:00 so files
+written moments ago count as expired (fileReservedTime=1 hour).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import datetime
+
+from node.broker import OutgoingMessage
+from node.config import BrokerConfig
+from node.server import build_broker
+from tests.integration.test_dledger_inprocess import free_ports, wait_for
+
+IDS = ("n0", "n1", "n2")
+SEG = 128 * 1024
+AT_DELETE_HOUR = datetime(2099, 1, 1, 4, 0)
+
+
+def configs(tmp_path) -> dict[str, BrokerConfig]:
+    ports = free_ports(2 * len(IDS))
+    raft, api = dict(zip(IDS, ports)), dict(zip(IDS, ports[len(IDS):]))
+    peers = ";".join(f"{n}-127.0.0.1:{p}" for n, p in raft.items())
+    apis = ";".join(f"{n}-127.0.0.1:{p}" for n, p in api.items())
+    return {n: BrokerConfig(store_path_root_dir=str(tmp_path / n), listen_port=api[n], enable_dleger_commit_log=True,
+                            dleger_group="g", dleger_peers=peers, dleger_peer_apis=apis, dleger_self_id=n,
+                            mapped_file_size_commit_log=SEG, max_message_size=4096, file_reserved_time_hours=1,
+                            delete_when="04").validate()
+            for n in IDS}
+
+
+async def start(cfg: BrokerConfig):
+    b = build_broker(cfg)
+    await b.start()
+    return b
+
+
+async def leader_of(brokers: dict, among=None):
+    await wait_for(lambda: any(brokers[n].log.is_writable for n in (among or brokers)), timeout=10)
+    return next(n for n in (among or brokers) if brokers[n].log.is_writable)
+
+
+async def send(b, topic: str, n: int, tag: str) -> list:
+    out = []
+    for i in range(0, n, 20):
+        out += await b.send(topic, [OutgoingMessage(f"{tag}{k}".encode() * 200, queue_id=k % 2)
+                                    for k in range(i, min(n, i + 20))])
+    return out
+
+
+async def settled(brokers: dict, names) -> None:
+    """Every named replica has committed, dispatched and checkpointed the leader's log."""
+    top = max(brokers[n].log.commit_index for n in names)
+
+    def done(n):
+        lg = brokers[n].log
+        return (lg.commit_index >= top and brokers[n].dispatcher.position >= lg.committed_position
+                and lg.store.meta.durable_mark >= top)
+    await wait_for(lambda: all(done(n) for n in names), timeout=10)
+
+
+def data_files(b) -> list[str]:
+    return sorted(os.listdir(b.log.store.data.directory))
+
+
+async def cut(b) -> None:
+    """One pass of the broker's retention loop, at deleteWhen's hour."""
+    await b.log.retention_tick(AT_DELETE_HOUR)
+    b.cq_store.delete_expired(b.log.min_physical_offset)
+
+
+def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(tmp_path):
+    async def main():
+        cfg = configs(tmp_path)
+        brokers = {n: await start(cfg[n]) for n in IDS}
+        try:
+            lead = await leader_of(brokers)
+            down = next(n for n in IDS if n != lead)
+            other = next(n for n in IDS if n not in (lead, down))
+            await brokers[lead].create_topic("T", 2)
+            await brokers[lead].create_topic("V", 1)
+            await brokers[lead].send("V", [OutgoingMessage(b"v", queue_id=0)] * 3)   # V is never written again
+            await send(brokers[lead], "T", 200, "a")
+            await settled(brokers, IDS)
+            await brokers[down].stop()
+            behind = brokers[down].log.store.last_index()
+
+            # While `down` is away: a topic and an offset whose records retention will cut.
+            await brokers[lead].create_topic("U", 1)
+            await brokers[lead].commit_offset("G", "T", 1, 37)
+            await send(brokers[lead], "T", 600, "b")
+            await settled(brokers, (lead, other))
+            before = {n: data_files(brokers[n]) for n in (lead, other)}
+            for n in (lead, other):
+                await cut(brokers[n])
+                lg = brokers[n].log
+                assert len(data_files(brokers[n])) <= len(before[n]) - 3, "expired head files deleted"
+                assert lg.store.first_index() > behind + 1, "cut past the stopped follower's log"
+                assert brokers[n].cq_store.get("T", 0).min_offset > 0, "consume queues follow the log's head"
+            base = brokers[lead].log.store.first_index() - 1
+            table = brokers[lead].log._applied_table.snapshot()
+            assert table[("T", 0)] == table[("T", 1)] == 400 and table[("V", 0)] == 3
+
+            # The follower returns below the leader's base: InstallBase, then it catches up.
+            brokers[down] = await start(cfg[down])
+            d = brokers[down]
+            await settled(brokers, IDS)
+            assert d.log.store.first_index() > behind + 1 and d.log.store.start_pos > 0
+            assert d.log._applied_table.snapshot() == brokers[lead].log._applied_table.snapshot()
+            assert "U" in d.topics and d.offsets.get("T@G", {}).get(1) == 37
+            for q in (0, 1):
+                mine, theirs = d.cq_store.get("T", q), brokers[lead].cq_store.get("T", q)
+                assert mine.max_offset == theirs.max_offset == 400
+                got = await d.pull("T", q, 395, 10)
+                want = await brokers[lead].pull("T", q, 395, 10)
+                assert [m.body for m in got.messages] == [m.body for m in want.messages] and len(got.messages) == 5
+
+            # Made leader, it continues every queue where the group left it.
+            brokers[lead].log.node.transfer_leadership(down)
+            assert await leader_of(brokers, among=[down]) == down
+            res = await send(d, "T", 4, "c")
+            assert [r.queue_offset for r in res] == [400, 400, 401, 401]
+            assert [r.queue_offset for r in await d.send("V", [OutgoingMessage(b"v", queue_id=0)])] == [3]
+
+            # A replica restarted on its cut log recovers the same table from its base state.
+            await brokers[other].stop()
+            assert brokers[other].log.store.first_index() - 1 >= base
+            brokers[other] = await start(cfg[other])
+            await settled(brokers, IDS)
+            assert brokers[other].log._applied_table.snapshot() == d.log._applied_table.snapshot()
+        finally:
+            for b in brokers.values():
+                if b.log.node.core is not None and b.log.node._running:
+                    await b.stop()
+
+    asyncio.run(main())
