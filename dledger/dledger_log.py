@@ -508,7 +508,11 @@ class DLedgerLog:
                         "waiting for the next file", self.node.node_id, decision.delete_upto, base)
             return None
         broker = self.export_broker_state() if self.export_broker_state is not None else {}
-        removed = store.compact_to(base, _encode_base_state(table, broker))
+        try:
+            removed = store.compact_to(base, _encode_base_state(table, broker))
+        except DiskFull as e:   # no room for the new base's state file: nothing was deleted
+            log.warning("dledger %s: retention could not write the new base: %s", self.node.node_id, e)
+            return None
         for k in [k for k in self._file_tables if k <= base]:
             del self._file_tables[k]
         if self.disk is not None:

@@ -450,3 +450,18 @@ def test_a_damaged_base_state_stops_recovery_with_a_clear_error(tmp_path):
     open(path, "wb").write(bytes(raw))
     with pytest.raises(StoreFatal, match="damaged"):
         EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG).recover()
+
+
+def test_compact_to_on_a_full_disk_deletes_nothing_and_keeps_the_base(tmp_path):
+    from node.store.errors import DiskFull
+    fs = FaultyFileSystem(25)
+    s, _ = _filled(fs, tmp_path)
+    files = sorted(os.listdir(s.data.directory))
+    fs.write_budget_bytes = 0
+    with pytest.raises(DiskFull, match="nothing deleted"):
+        s.compact_to(30, b"state")
+    fs.write_budget_bytes = None
+    assert (s.first_index(), s.base_app_state, sorted(os.listdir(s.data.directory))) == (1, b"", files)
+    s, rep = reopen(s, fs, tmp_path)
+    assert (rep.first_index, rep.last_index) == (1, 60)
+    s.close()
