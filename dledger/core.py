@@ -352,6 +352,10 @@ class RaftCore:
         # the node does not campaign (a leader must be able to serve every committed entry) but
         # still votes, since its last index/term, which votes compare, are unchanged.
         self.campaign_blocked = False
+        # Set by the shell while this node cannot take writes (its disk is full): a TimeoutNow
+        # is ignored, so a leadership transfer to it times out and the leader tries elsewhere.
+        # Elections are unaffected: a full node may still lead (it serves reads and commits).
+        self.decline_transfers = False
 
         self._parked: dict[int, Append] = {}  # follower: first index -> out-of-order push
         self._ack_due = False
@@ -653,7 +657,7 @@ class RaftCore:
 
     def _on_timeout_now(self, sender: str, m: TimeoutNow) -> None:
         self._follow(sender)
-        if self._promotable():
+        if self._promotable() and not self.decline_transfers:
             self._campaign(pre_vote=False, transfer=True)
 
     # --- term handling ----------------------------------------------------------------

@@ -67,6 +67,8 @@ _ROLE_NAMES = {Role.LEADER: "LEADER", Role.FOLLOWER: "FOLLOWER", Role.CANDIDATE:
                Role.PRE_CANDIDATE: "CANDIDATE"}
 _REPLAY_BATCH_BYTES = 8 << 20
 _STARTUP_REPAIR_WAIT_S = 5.0     # start() waits this long for peers to repair what recovery found
+_DISK_WATCH_S = 1.0              # how often the disk's fill level is looked at without a write
+_HANDOVER_RETRY_S = 5.0          # a full leader tries one peer per this long
 _MSG_QID_AT = L.MESSAGE_FIELD_OFFSET["queue_id"]
 _MSG_QOFF_AT = L.MESSAGE_FIELD_OFFSET["queue_offset"]
 _MSG_BODYLEN_AT = L.MESSAGE_FIELD_OFFSET["body_len"]
@@ -144,12 +146,19 @@ class DLedgerLog:
                                    [k for k in peer_api_addrs if k != getattr(node, "node_id", None)])
         node.side_handler = self.repairer.on_message   # FetchEntries/-Response: the Raft peer channel
         self._repair_task: asyncio.Task | None = None
+        self._disk_task: asyncio.Task | None = None
+        self.disk_watch_s = _DISK_WATCH_S
+        self.handover_retry_s = _HANDOVER_RETRY_S
+        self._handover_at = float("-inf")     # when a full leader last handed leadership over
+        self._handover_to: str | None = None  # and to whom (the next try goes to another peer)
         self._scan_floor = 0             # highest position the dispatcher scanned from
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
         await self.node.start()
         self._repair_task = asyncio.create_task(self.repairer.run(), name=f"repair-{self.node.node_id}")
+        if self.disk is not None:
+            self._disk_task = asyncio.create_task(self._watch_disk(), name=f"disk-{self.node.node_id}")
         if self.corruption:
             await self._await_repair(_STARTUP_REPAIR_WAIT_S)
 
@@ -165,10 +174,11 @@ class DLedgerLog:
 
     async def stop(self) -> None:
         self._fail_pending(0, "node stopping")
-        if self._repair_task is not None:
-            self._repair_task.cancel()
-            await asyncio.gather(self._repair_task, return_exceptions=True)
-            self._repair_task = None
+        for task in (self._repair_task, self._disk_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._repair_task = self._disk_task = None
         await self.node.stop()
 
     # --- corruption (dledger/repair.py) ----------------------------------------------------
@@ -181,22 +191,50 @@ class DLedgerLog:
             core.campaign_blocked = True
         self.repairer.wake()
         if self._role is Role.LEADER:
-            asyncio.get_running_loop().call_soon(self._hand_over_leadership)
+            asyncio.get_running_loop().call_soon(self._hand_over_for_corruption)
 
-    def _hand_over_leadership(self) -> None:
-        """A leader with a corrupt committed range hands over to its most caught-up peer."""
+    def _hand_over_for_corruption(self) -> None:
+        if self.corruption:
+            self._hand_over_leadership("corrupt committed data here")
+
+    def _hand_over_leadership(self, why: str, skip: str | None = None) -> str | None:
+        """A leader that should not lead hands over to its most caught-up peer (to another than
+        `skip` when there is one); returns the target."""
         core = self.node.core
-        if core is None or not self.corruption or core.role is not Role.LEADER:
-            return
-        peers = [p for p in core.peers if core.match_index(p) is not None]
+        if core is None or core.role is not Role.LEADER:
+            return None
+        peers = sorted((p for p in core.peers if core.match_index(p) is not None),
+                       key=lambda p: core.match_index(p) or 0, reverse=True)
         if not peers:
-            return
-        target = max(peers, key=lambda p: core.match_index(p) or 0)
+            return None
+        target = next((p for p in peers if p != skip), peers[0])
         try:
             self.node.transfer_leadership(target)
-            log.warning("dledger %s: corrupt committed data here; leadership handed to %s", self.node.node_id, target)
         except (CoreNotLeader, ValueError, AssertionError, StoreFatal) as e:
             log.warning("dledger %s: could not hand leadership over: %s", self.node.node_id, e)
+            return None
+        log.warning("dledger %s: %s; leadership handed to %s", self.node.node_id, why, target)
+        return target
+
+    # --- a full disk ------------------------------------------------------------------------
+    async def _watch_disk(self) -> None:
+        while True:
+            await asyncio.sleep(self.disk_watch_s)
+            self._look_at_disk(time.monotonic())
+
+    def _look_at_disk(self, now: float) -> None:
+        """A node whose disk is full declines leadership transfers (it could take no write); a
+        full leader hands leadership to a peer, another one each try, at most every
+        handover_retry_s (a peer as full declines, and the transfer times out)."""
+        core = self.node.core
+        if core is None or self.disk is None:
+            return
+        full = self.disk.full()
+        core.decline_transfers = full
+        if full and core.role is Role.LEADER and now - self._handover_at >= self.handover_retry_s:
+            self._handover_at = now
+            self._handover_to = self._hand_over_leadership(f"{self.disk.reason()}: sends refused here",
+                                                           skip=self._handover_to)
 
     def on_repaired(self, r: CorruptRange, rec, raw: bytes, how: str) -> None:
         self.corruption.clear(r.start, how)
@@ -388,7 +426,7 @@ class DLedgerLog:
         and `(physical_offset, size, queue_offset)` per draft (the broker's batched path)."""
         if self.node.fatal is not None:
             raise StoreFatal(f"the DLedger store stopped: {self.node.fatal}")
-        if self._writable_term is None:
+        if not self.is_writable:
             raise NotLeader(leader=self.leader())
         if self.disk is not None:
             self.disk.check("sends refused until space returns")
@@ -651,10 +689,21 @@ class DLedgerLog:
 
     # --- status -------------------------------------------------------------------------------
     def role(self) -> str:
-        return _ROLE_NAMES[self._role]
+        """The role this node serves in; see `_held_core`."""
+        core = self._held_core()
+        return _ROLE_NAMES[core.role if core is not None else self._role]
 
     def leader(self) -> str | None:
-        return self.peer_api_addrs.get(self._leader_id) if self._leader_id else None
+        core = self._held_core()
+        leader_id = core.leader_id if core is not None else self._leader_id
+        return self.peer_api_addrs.get(leader_id) if leader_id else None
+
+    def _held_core(self):
+        """The core while its Raft state is held on a full disk (a stall), else None. The listener
+        hears nothing then, but a leader that stepped down in memory (a newer term it cannot
+        store yet) serves no writes: its role and leader are the core's, not the last heard."""
+        core = self.node.core
+        return core if core is not None and self.node.stall_reason is not None else None
 
     @property
     def fatal(self) -> BaseException | None:
@@ -668,7 +717,8 @@ class DLedgerLog:
 
     @property
     def is_writable(self) -> bool:
-        return self._writable_term is not None
+        core = self._held_core()
+        return self._writable_term is not None and (core is None or core.role is Role.LEADER)
 
     def status(self) -> dict:
         st = self.node.status()

@@ -56,7 +56,7 @@ from typing import Callable, Protocol
 
 from dledger.core import RaftConfig, RaftCore, Ready, Role
 from dledger.entry_store import EntryStore
-from dledger.messages import REPAIR_MESSAGES, Append, EntryType
+from dledger.messages import REPAIR_MESSAGES, Append, EntryType, TimeoutNow
 from dledger.transport import Transport, TransportConfig
 from node.log_throttle import LogThrottle
 from node.store.errors import DiskFull, StoreError, StoreFatal
@@ -135,7 +135,7 @@ class RaftNode:
         # Why the leader's appends must not be stored now (a full disk), or None. A refused
         # Append is dropped before the core sees it, as if lost: the leader pushes it again
         # after its push timeout, and heartbeats and probes are still answered, so nobody
-        # starts an election over it.
+        # starts an election over it. While it says why, a TimeoutNow is declined too.
         self.refuse_appends: Callable[[], str | None] | None = None
         self._refusal_warnings = LogThrottle(REFUSAL_LOG_INTERVAL_S)
         # The Ready whose entries met a full disk, retried on every tick (module docstring).
@@ -242,6 +242,10 @@ class RaftNode:
             if why is not None:
                 self._refused(sender, why)
                 return
+        elif type(msg) is TimeoutNow and self.refuse_appends is not None and self.core is not None:
+            # A node that could store nothing declines leadership (core.decline_transfers), as its
+            # disk is now, not as of the last periodic look.
+            self.core.decline_transfers = self.refuse_appends() is not None
         if len(self._inbox) >= self.config.max_inbox_msgs:
             self._inbox.popleft()
             self.metrics["inbox_dropped"] += 1

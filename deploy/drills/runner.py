@@ -128,7 +128,6 @@ def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 
     converged = c.wait_converged(sc.group, timeout_s=60)
     timeline["leader_after"] = c.leader(sc.group)
     timeline["victim"] = state.get("victim")
-    timeline.update({k: v for k, v in state.items() if k != "victim"})
     bar.tick("draining", wl)
     reads = {s: drain(c, s, topic, QUEUES) for s in GROUPS[sc.group]}
     hist.close()
@@ -139,6 +138,7 @@ def run(sc: Scenario, out_root: str, warmup_s: float = 5.0, recovery_s: float = 
         audit = _store_audit(c, sc.group)
     bar.close()
     extra = sc.extra_check(hist.events, state) if sc.extra_check is not None else []
+    timeline.update({k: v for k, v in state.items() if k != "victim"})   # the check's counts too
     ok = verdict.ok and converged is not None and audit.get("status") != "failed" and not extra
     targets = None
     if sc.failover_target_s is not None and verdict.failover_s is not None:

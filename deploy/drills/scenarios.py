@@ -150,11 +150,16 @@ def _fill_victim(c: Cluster, st: dict, v: str) -> Callable[[], None]:
     return heal
 
 
+def _fault_window(events: list) -> tuple[float | None, float | None]:
+    start = next((e["t"] for e in events if e.get("type") == "fault" and e.get("phase") == "start"), None)
+    end = next((e["t"] for e in events if e.get("type") == "fault" and e.get("phase") == "end"), None)
+    return start, end
+
+
 def _disk_full_checks(events: list, st: dict) -> list:
     """Writes during the fault fail with a clear disk-full error; acks resume after the heal."""
     problems = []
-    start = next((e["t"] for e in events if e.get("type") == "fault" and e.get("phase") == "start"), None)
-    end = next((e["t"] for e in events if e.get("type") == "fault" and e.get("phase") == "end"), None)
+    start, end = _fault_window(events)
     if start is None or end is None:
         return ["no fault window in the history"]
     fails = [e for e in events if e.get("type") == "fail" and start <= e["t"] <= end]
@@ -166,6 +171,18 @@ def _disk_full_checks(events: list, st: dict) -> list:
                         f"({len(fails)} failures: {st['fault_fail_errors']})")
     if not any(e.get("type") == "ack" and e["t"] > end for e in events):
         problems.append("no ack after the space came back")
+    return problems
+
+
+def _disk_full_leader_checks(events: list, st: dict) -> list:
+    """`_disk_full_checks`, and writes continue during the fault: the full leader handed
+    leadership to a node with room."""
+    problems = _disk_full_checks(events, st)
+    start, end = _fault_window(events)
+    if start is not None and end is not None:
+        st["acks_while_full"] = sum(1 for e in events if e.get("type") == "ack" and start < e["t"] <= end)
+        if not st["acks_while_full"]:
+            problems.append("no ack while the leader's disk was full: leadership did not move to a node with room")
     return problems
 
 
@@ -203,7 +220,7 @@ SCENARIOS = {s.name: s for s in [
              extra_check=_disk_full_checks),
     Scenario("disk_full_leader", "broker-a", "fill the DLedger leader's store (a small tmpfs) to 100 %; delete "
              "the ballast after the fault window.",
-             NO_LOSS + "; the leader refuses sends with a clear disk-full error (HTTP 507) while its disk is "
-             "full, without an election or a stopped node, and writes resume once space returns",
-             _disk_full("broker-a"), extra_check=_disk_full_checks),
+             NO_LOSS + "; the full leader refuses sends with a clear disk-full error (HTTP 507) and hands "
+             "leadership to a node with room, where writes continue; no node stops",
+             _disk_full("broker-a"), extra_check=_disk_full_leader_checks),
 ]}

@@ -64,10 +64,11 @@ class _NoSpaceWhenFull:
 
 
 class GuardedCluster(Cluster):
-    def __init__(self, root: str, append_timeout_s: float = 5.0):
+    def __init__(self, root: str, append_timeout_s: float = 5.0, disk_watch_s: float = 3600.0):
         super().__init__(root)
         self.fs: dict[str, FillFs] = {}
         self.append_timeout_s = append_timeout_s
+        self.disk_watch_s = disk_watch_s     # the handover of a full leader: off unless a test turns it on
 
     def make(self, node_id: str, seed: int) -> DLedgerLog:
         fs = self.fs[node_id] = FillFs()
@@ -75,6 +76,7 @@ class GuardedCluster(Cluster):
         node = RaftNode(node_id, "g", self.peers, store, RaftConfig(), ShellConfig(tick_ms=20), rng=random.Random(seed))
         log = DLedgerLog(node, self.apis, store_port=10911, append_timeout_s=self.append_timeout_s,
                          disk=DiskGuard(fs, self.root, 90, check_interval_ms=0))
+        log.disk_watch_s, log.handover_retry_s = self.disk_watch_s, 0.3
         self.logs[node_id] = log
         return log
 
@@ -83,10 +85,10 @@ def _terms(c: Cluster) -> set[int]:
     return {lg.node.core.term for lg in c.logs.values()}
 
 
-def _run(tmp_path, body, append_timeout_s: float = 5.0) -> None:
+def _run(tmp_path, body, append_timeout_s: float = 5.0, disk_watch_s: float = 3600.0) -> None:
     """`await body(cluster, leader)` on a started three-node group, stopped afterwards."""
     async def main():
-        c = GuardedCluster(str(tmp_path), append_timeout_s)
+        c = GuardedCluster(str(tmp_path), append_timeout_s, disk_watch_s)
         await c.start_all()
         try:
             await body(c, await c.leader())
@@ -110,6 +112,38 @@ def test_a_full_leader_refuses_sends_before_proposing_anything(tmp_path):
         assert (await leader.append([draft(2)]))[0].status is PutStatus.SEND_OK
 
     _run(tmp_path, body)
+
+
+def test_a_full_leader_hands_leadership_to_a_node_with_room_and_a_full_one_declines_it(tmp_path):
+    async def body(c, old):
+        oid = old.node.node_id
+        assert (await old.append([draft(0)]))[0].status is PutStatus.SEND_OK
+        best = max((p for p in old.node.core.peers), key=lambda p: old.node.core.match_index(p) or 0)
+        roomy = next(p for p in c.logs if p not in (oid, best))
+        t0 = old.node.core.term
+        c.fs[oid].ratio = c.fs[best].ratio = FULL    # the first peer it tries is full too
+        new = await c.leader(exclude=(oid, best), timeout=10)
+        assert new.node.node_id == roomy
+        assert new.node.core.term == t0 + 1, "one transfer: the full peer declined the first one"
+        assert c.logs[best].node.core.decline_transfers and old.node.core.decline_transfers
+        c.fs[best].ratio = ROOMY                     # a majority with room again: sends commit there
+        for b in range(5):
+            assert (await new.append([draft(10 + b)]))[0].status is PutStatus.SEND_OK
+        c.fs[roomy].ratio = c.fs[best].ratio = FULL  # every node full: nobody takes it, the leader stays
+        terms = _terms(c)
+        await asyncio.sleep(1.5)
+        assert new.is_writable and _terms(c) == terms
+        with pytest.raises(DiskFull):
+            await new.append([draft(20)])
+        for n in c.fs:
+            c.fs[n].ratio = ROOMY
+        await wait_for(lambda: not any(lg.node.core.decline_transfers for lg in c.logs.values()))
+        leader = await c.leader()
+        assert (await leader.append([draft(21)]))[0].status is PutStatus.SEND_OK
+        await wait_for(lambda: len({lg.node.core.commit_index for lg in c.logs.values()}) == 1, 10)
+        assert committed_records(c.logs[oid]) == committed_records(new) == committed_records(c.logs[best])
+
+    _run(tmp_path, body, disk_watch_s=0.05)
 
 
 def test_a_full_follower_refuses_appends_without_an_election_and_catches_up_after(tmp_path):

@@ -739,6 +739,21 @@ def test_leadership_transfer_is_abandoned_after_an_election_timeout():
     assert leader.propose([b"after"])[0] == leader.last_index
 
 
+def test_a_node_that_declines_transfers_ignores_timeout_now_and_the_leader_keeps_leading():
+    group = leader_group()
+    group["c"].decline_transfers = True      # its disk is full: it could not take a write
+    group["a"].transfer_leadership("c")
+    seen: list[Queued] = []
+    group.tick_all(CONFIG.election_timeout_ticks_max + 1, drop=record_into(seen))
+    assert any(isinstance(message, TimeoutNow) for _, _, message in seen)
+    assert not [message for _, _, message in seen if isinstance(message, RequestVote)]
+    assert group["a"].role is Role.LEADER and group["a"].transfer_target is None
+    group["c"].decline_transfers = False
+    group["a"].transfer_leadership("c")
+    group.tick_all(3 * CONFIG.heartbeat_ticks)
+    assert group["c"].role is Role.LEADER
+
+
 def test_preferred_leader_receives_leadership_once_caught_up():
     config = RaftConfig(**{**CONFIG.__dict__, "preferred_leader_id": "c"})
     group = leader_group(config=config)
