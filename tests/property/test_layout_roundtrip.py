@@ -46,7 +46,8 @@ def test_every_layout_struct_is_known_here():
     assert set(STRUCTS) == {"MESSAGE_HEADER", "TOPIC_LEN", "PROPERTIES_LEN", "BLANK", "ENTRY_HEADER",
                             "ENTRY_BLANK", "ENTRY_INDEX", "CQ_UNIT", "INDEX_HEADER", "INDEX_SLOT",
                             "INDEX_ENTRY", "CHECKPOINT", "MSG_ID", "HA_PUSH_HEADER", "HA_SLAVE_REPORT",
-                            "FRAME_LEN", "MESSAGE_QUEUE_FIELDS", "MESSAGE_DISPATCH_FIELDS", "STREAM_FRAME_HEADER"}
+                            "FRAME_LEN", "MESSAGE_QUEUE_FIELDS", "MESSAGE_DISPATCH_FIELDS", "STREAM_FRAME_HEADER",
+                            "ENTRY_BASE_STATE"}
 
 
 @settings(max_examples=100, deadline=None)
