@@ -34,6 +34,10 @@ from node.store.retention import RetentionPolicy
 from node.metrics import TimedFileSystem
 
 log = logging.getLogger("node.server")
+# A stop waits this long for API requests in flight (a send waits at most syncFlushTimeout for its
+# ack, 5 s by default; later ones are cancelled), and at most STOP_STEP_S more for each service.
+STOP_HTTP_GRACE_S = 5.0
+STOP_STEP_S = 3.0
 _STD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -228,7 +232,7 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     from node.api import REGISTRY_KEY
     app = make_app(broker)
     app[REGISTRY_KEY].register(peer_auth.PeerAuthCollector())
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=STOP_HTTP_GRACE_S)
     await runner.setup()
     await LimitedSite(runner, config.bind_address, config.listen_port, reuse_address=True,
                       max_connections=config.max_http_connections,
@@ -249,14 +253,23 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     watcher.cancel()
     log.info("stopping")
     if stream is not None:
-        await stream.stop()
-    await runner.cleanup()
+        await _bounded_stop("the produce stream", stream.stop(), STOP_STEP_S)
+    await _bounded_stop("the HTTP API", runner.cleanup(), STOP_HTTP_GRACE_S + STOP_STEP_S)
     if reporter is not None:
-        await reporter.stop()
+        await _bounded_stop("the controller reporter", reporter.stop(), STOP_STEP_S)
     await broker.stop()
     fatal = broker.fatal or _log_fatal(broker)
     log.info("stopped", extra={"fatal": str(fatal or "")})
     return 1 if fatal is not None else 0
+
+
+async def _bounded_stop(what: str, step, timeout_s: float) -> None:
+    """One step of a stop, bounded: a stop asked for ends in bounded time (the broker's own stop,
+    which flushes the store, is not bounded); a step that overran is named in the log."""
+    try:
+        await asyncio.wait_for(step, timeout_s)
+    except asyncio.TimeoutError:
+        log.error("stopping: %s did not stop within %.0f s; going on", what, timeout_s)
 
 
 def _log_fatal(broker: Broker) -> BaseException | None:
