@@ -13,19 +13,24 @@ replica reset to a leader's base would have restarted its queue offsets from wha
 still held.
 Method: three brokers in DLedger mode (build_broker, real files and loopback sockets) in one
 event loop, 128 KiB data files; retention is ticked by hand with a clock at 04:00 so files
-written moments ago count as expired (fileReservedTime=1 hour).
+written moments ago count as expired (fileReservedTime=1 hour). Then a group of real node
+processes, whose own retention loop (every 10 s) cuts files aged by two hours (os.utime) at
+a deleteWhen of this hour; kill -9 of all three and a restart continue the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from datetime import datetime
 
 from node.broker import OutgoingMessage
 from node.config import BrokerConfig
 from node.server import build_broker
+from tests.integration.dledger_group import DLedgerGroup
 from tests.integration.test_dledger_inprocess import free_ports, wait_for
+from tests.integration.test_node_process import http
 
 IDS = ("n0", "n1", "n2")
 SEG = 128 * 1024
@@ -149,3 +154,71 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
                     await b.stop()
 
     asyncio.run(main())
+
+
+# --- real node processes ------------------------------------------------------------------------
+
+
+def _wait(pred, timeout_s: float, what: str, g: DLedgerGroup):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out: {what}\n{g.tails()}")
+
+
+def _queue(g: DLedgerGroup, n: str) -> dict:
+    try:
+        st, doc = http(g.api[n], "GET", "/topics/R", timeout=2)
+    except OSError:
+        return {}
+    return doc["queues"][0] if st == 200 else {}
+
+
+def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_of_all(tmp_path):
+    hour = datetime.now().hour
+    g = DLedgerGroup(tmp_path, extra=f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
+                                     f"deleteWhen={hour:02d};{(hour + 1) % 24:02d}\n").start()
+    try:
+        leader = g.leader()
+        assert http(g.api[leader], "POST", "/topics", {"topic": "R", "queues": 1})[0] == 200
+        assert http(g.api[leader], "POST", "/topics", {"topic": "S", "queues": 1})[0] == 200
+        st, _ = http(g.api[leader], "POST", "/topics/S/messages", {"messages": [{"body": "s", "queue_id": 0}] * 5})
+        assert st == 200                      # S is never written again: its messages all go with the cut
+        n = 1200
+        for i in range(0, n, 100):
+            st, doc = http(g.api[leader], "POST", "/topics/R/messages",
+                           {"messages": [{"body": f"r{j:05d}" + "x" * 1000, "queue_id": 0} for j in range(i, i + 100)]})
+            assert st == 200 and all(r["status"] == "SEND_OK" for r in doc["results"]), doc
+        _wait(lambda: all(_queue(g, x).get("max_offset") == n for x in g.nodes), 30, "every replica dispatched", g)
+        data = {x: os.path.join(os.path.dirname(g.nodes[x].conf), "store", f"dledger-{x}", "data") for x in g.nodes}
+        aged = time.time() - 2 * 3600
+        for x, d in data.items():
+            files = sorted(os.listdir(d))
+            assert len(files) >= 4, files
+            for f in files[:-1]:
+                os.utime(os.path.join(d, f), (aged, aged))
+        _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 0 for x in g.nodes), 40,
+              "every replica's retention loop cut its head and the consume queue followed", g)
+        assert all(len(os.listdir(d)) <= 2 for d in data.values()), {x: os.listdir(d) for x, d in data.items()}
+        heads = {x: _queue(g, x)["min_offset"] for x in g.nodes}
+        for x in g.nodes:
+            g.kill9(x)
+        for p in g.nodes.values():
+            p.launch()
+        for p in g.nodes.values():
+            p.wait_healthy(30.0, statuses=(200, 503))
+        leader = g.leader()
+        st, doc = http(g.api[leader], "POST", "/topics/R/messages", {"messages": [{"body": "after", "queue_id": 0}]})
+        assert st == 200 and doc["results"][0]["queue_offset"] == n, doc
+        st, doc = http(g.api[leader], "POST", "/topics/S/messages", {"messages": [{"body": "s", "queue_id": 0}]})
+        assert st == 200 and doc["results"][0]["queue_offset"] == 5, doc   # not restarted from what the log holds
+        _wait(lambda: all(_queue(g, x).get("max_offset") == n + 1 for x in g.nodes), 30, "the new message dispatched", g)
+        for x in g.nodes:
+            assert _queue(g, x)["min_offset"] == heads[x]
+            st, doc = http(g.api[x], "GET", f"/topics/R/queues/0/messages?offset={n - 2}&max=8")
+            assert st == 200 and [m["body"] for m in doc["messages"]] == [f"r{n - 2:05d}" + "x" * 1000,
+                                                                          f"r{n - 1:05d}" + "x" * 1000, "after"]
+    finally:
+        g.close()
