@@ -222,3 +222,44 @@ def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_o
                                                                           f"r{n - 1:05d}" + "x" * 1000, "after"]
     finally:
         g.close()
+
+
+def test_a_node_process_that_was_down_while_the_others_cut_is_reset_to_the_leaders_base(tmp_path):
+    hour = datetime.now().hour
+    g = DLedgerGroup(tmp_path, extra=f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
+                                     f"deleteWhen={hour:02d};{(hour + 1) % 24:02d}\n").start()
+    try:
+        leader = g.leader()
+        down = next(x for x in g.nodes if x != leader)
+        live = [x for x in g.nodes if x != down]
+        assert http(g.api[leader], "POST", "/topics", {"topic": "R", "queues": 1})[0] == 200
+
+        def send(lo: int, hi: int) -> None:
+            for i in range(lo, hi, 100):
+                st, doc = http(g.api[leader], "POST", "/topics/R/messages",
+                               {"messages": [{"body": f"r{j:05d}" + "x" * 1000, "queue_id": 0} for j in range(i, i + 100)]})
+                assert st == 200 and all(r["status"] == "SEND_OK" for r in doc["results"]), doc
+
+        send(0, 200)
+        _wait(lambda: all(_queue(g, x).get("max_offset") == 200 for x in g.nodes), 30, "every replica dispatched", g)
+        g.kill9(down)
+        send(200, 1400)
+        _wait(lambda: all(_queue(g, x).get("max_offset") == 1400 for x in live), 30, "the live replicas dispatched", g)
+        aged = time.time() - 2 * 3600
+        for x in live:
+            d = os.path.join(os.path.dirname(g.nodes[x].conf), "store", f"dledger-{x}", "data")
+            for f in sorted(os.listdir(d))[:-1]:
+                os.utime(os.path.join(d, f), (aged, aged))
+        _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 200 for x in live), 40,
+              "the live replicas cut past everything the stopped one holds", g)
+        g.nodes[down].launch()
+        g.nodes[down].wait_healthy(30.0, statuses=(200, 503))
+        _wait(lambda: _queue(g, down).get("max_offset") == 1400, 30, "the returning replica caught up", g)
+        assert "log reset to the leader's base" in g.nodes[down].tail(400_000)
+        assert _queue(g, down)["min_offset"] == _queue(g, leader)["min_offset"] > 200
+        tail = [f"r{j:05d}" + "x" * 1000 for j in range(1392, 1400)]
+        for x in g.nodes:
+            st, doc = http(g.api[x], "GET", "/topics/R/queues/0/messages?offset=1392&max=8")
+            assert st == 200 and [m["body"] for m in doc["messages"]] == tail, x
+    finally:
+        g.close()
