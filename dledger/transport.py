@@ -248,8 +248,8 @@ class Transport:
         timeout = self.config.connect_timeout_ms / 1000
         sec = self._security
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(peer.host, peer.port,
-                                                                            ssl=sec.client_ssl), timeout)
+            async with asyncio.timeout(timeout):     # not wait_for: see _handshake
+                reader, writer = await asyncio.open_connection(peer.host, peer.port, ssl=sec.client_ssl)
         except ssl.SSLError as e:     # the listener's certificate is not trusted, or it refused ours
             tls.HANDSHAKE_FAILURES.record("raft_dial", f"{peer.host}:{peer.port}", tls.reason(e))
             raise
@@ -263,7 +263,8 @@ class Transport:
                 raise
         hello = msgpack.packb([HANDSHAKE_MAGIC, PROTOCOL_VERSION, self.group, self.self_id])
         writer.write(frame(hello))
-        await asyncio.wait_for(writer.drain(), timeout)
+        async with asyncio.timeout(timeout):
+            await writer.drain()
         return writer
 
     async def _drain_queue(self, peer: _Peer, writer: asyncio.StreamWriter) -> None:
@@ -321,7 +322,10 @@ class Transport:
 
     async def _handshake(self, reader: asyncio.StreamReader) -> str:
         timeout = self.config.handshake_timeout_ms / 1000
-        payload = await asyncio.wait_for(read_frame(reader, 1024), timeout)
+        # asyncio.timeout, not wait_for: 3.11's wait_for returns the result of a read that finished
+        # as stop() cancelled the task (the cancel is lost), and the reader then serves on forever.
+        async with asyncio.timeout(timeout):
+            payload = await read_frame(reader, 1024)
         try:
             hello = msgpack.unpackb(payload, raw=False)
         except (ValueError, msgpack.UnpackException) as e:

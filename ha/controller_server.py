@@ -109,7 +109,8 @@ class Controller:
             loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result((result, error)))
 
         self.sm.apply(op, callback=done)
-        result, error = await asyncio.wait_for(fut, APPLY_TIMEOUT_S)
+        async with asyncio.timeout(APPLY_TIMEOUT_S):   # not wait_for: it can lose a cancel (3.11)
+            result, error = await fut
         if error != 0:
             raise RuntimeError(f"controller op {op['op']} failed (pysyncobj error {error})")
         return bool(result)

@@ -206,7 +206,8 @@ class HAService:
                 except peer_auth.PeerAuthError:
                     self.auth_failures += 1      # counted and logged (rate-limited) by peer_auth
                     return
-            hello = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):   # not wait_for: it can lose a cancel (3.11)
+                hello = await read_frame(reader)
             broker_id = hello.get("broker_id") if isinstance(hello.get("broker_id"), int) else None
             writer.write(encode_frame({"epochs": self.source.ha_epochs(), "max_offset": self.source.ha_max_offset(),
                                        "min_offset": self.source.ha_min_offset()}))
@@ -398,8 +399,8 @@ class HAClient:
         self._session_bytes = 0
         host, port = split_addr(self.master_addr)
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=self.security.client_ssl),
-                                                    CONNECT_TIMEOUT_S)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                reader, writer = await asyncio.open_connection(host, port, ssl=self.security.client_ssl)
         except ssl.SSLError as e:     # the master's certificate is not trusted, or it refused ours
             tls.HANDSHAKE_FAILURES.record("ha_dial", f"{host}:{port}", tls.reason(e))
             raise
@@ -407,7 +408,8 @@ class HAClient:
             if self.security.secret is not None:
                 await peer_auth.connect_peer(reader, writer, self.security.secret, "ha", f"broker-{self.broker_id}")
             writer.write(encode_frame({"broker_id": self.broker_id, "max_offset": self.sink.ha_max_offset()}))
-            welcome = await asyncio.wait_for(read_frame(reader), HANDSHAKE_TIMEOUT_S)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_S):
+                welcome = await read_frame(reader)
             epochs = [(int(e), int(s)) for e, s in welcome.get("epochs", [])]
             self.master_offset_seen = max(self.master_offset_seen, int(welcome.get("max_offset", 0)))
             await self.sink.ha_reconcile(epochs, int(welcome.get("max_offset", 0)), int(welcome.get("min_offset", 0)))

@@ -260,9 +260,10 @@ class LocalLog:
     async def _periodic_flush_loop(self) -> None:
         """ASYNC_FLUSH: fsync every flush_interval_ms."""
         while self.fatal is None and not self._stopping:
-            try:
-                await asyncio.wait_for(self._flush_wanted.wait(), self.config.flush_interval_ms / 1000)
-            except asyncio.TimeoutError:
+            try:   # asyncio.timeout, not wait_for: 3.11's wait_for can lose stop()'s cancel
+                async with asyncio.timeout(self.config.flush_interval_ms / 1000):
+                    await self._flush_wanted.wait()
+            except TimeoutError:
                 pass
             self._flush_wanted.clear()
             if self._stopping:

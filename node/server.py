@@ -267,8 +267,9 @@ async def _bounded_stop(what: str, step, timeout_s: float) -> None:
     """One step of a stop, bounded: a stop asked for ends in bounded time (the broker's own stop,
     which flushes the store, is not bounded); a step that overran is named in the log."""
     try:
-        await asyncio.wait_for(step, timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):
+            await step
+    except TimeoutError:
         log.error("stopping: %s did not stop within %.0f s; going on", what, timeout_s)
 
 
