@@ -507,9 +507,10 @@ class AsyncConsumer(_Client):
         while self._running and not pq.dropped:
             if not pq.buffer:
                 pq.wake.clear()
-                try:
-                    await asyncio.wait_for(pq.wake.wait(), 1.0)
-                except asyncio.TimeoutError:
+                try:   # asyncio.timeout, not wait_for: on 3.11 that can lose close()'s cancel
+                    async with asyncio.timeout(1.0):
+                        await pq.wake.wait()
+                except TimeoutError:
                     pass
                 continue
             if time.monotonic() >= pq.lock_until:        # not (or no longer) ours: wait for a renewal
@@ -660,8 +661,9 @@ class AsyncConsumer(_Client):
     async def getone(self, timeout_s: float | None = None) -> MessageExt | None:
         """The next message (acknowledging the previous one), or None after `timeout_s`."""
         try:
-            return await asyncio.wait_for(self.__anext__(), timeout_s)
-        except asyncio.TimeoutError:
+            async with asyncio.timeout(timeout_s):
+                return await self.__anext__()
+        except TimeoutError:
             return None
 
     def reconsume_later(self, msg: MessageExt) -> None:

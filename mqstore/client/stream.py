@@ -98,7 +98,8 @@ class StreamConnection(asyncio.Protocol):
         """Connect and say HELLO (signed when `access_key` is given); OSError on failure, and
         ConnectionRefusedError with the node's words when it refuses the HELLO."""
         loop = asyncio.get_running_loop()
-        _t, conn = await asyncio.wait_for(loop.create_connection(cls, host, port, ssl=ssl_context), timeout_s)
+        async with asyncio.timeout(timeout_s):   # not wait_for: on 3.11 it can lose a cancel
+            _t, conn = await loop.create_connection(cls, host, port, ssl=ssl_context)
         try:
             hello: dict[str, str] = {}
             if access_key:
@@ -106,7 +107,8 @@ class StreamConnection(asyncio.Protocol):
                                      int(time.time() * 1000))
             if isinstance(conn._lost, StreamRefused):      # refused on accept (e.g. too many connections)
                 raise conn._lost
-            status, doc = await asyncio.wait_for(conn._request(F.HELLO, hello), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                status, doc = await conn._request(F.HELLO, hello)
             if status >= 400:
                 raise StreamRefused(status, doc)
             conn.max_inflight = max(1, int(doc.get("max_inflight", 1)))
@@ -196,9 +198,11 @@ class StreamConnection(asyncio.Protocol):
         deadline = time.monotonic() + timeout_s
         while len(self.pending) >= self.max_inflight and self._lost is None:
             self._room.clear()
-            await asyncio.wait_for(self._room.wait(), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._room.wait()
         if not self._can_write.is_set():
-            await asyncio.wait_for(self._can_write.wait(), max(0.0, deadline - time.monotonic()))
+            async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                await self._can_write.wait()
         return await self._request(F.SEND, payload, max(0.0, deadline - time.monotonic()))
 
     @property
