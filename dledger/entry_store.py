@@ -545,7 +545,7 @@ class EntryStore:
             self.base_app_state = app_state
             self._remove_stale_states()
             removed = self.data.delete_head(nxt.pos) + self.index.delete_head((base_index + 1) * INDEX_SIZE)
-            keep_run = bisect.bisect_right(self._run_starts, base_index + 1) - 1
+            keep_run = max(0, bisect.bisect_right(self._run_starts, base_index + 1) - 1)   # the run of base+1 on
             del self._run_starts[:keep_run], self._run_terms[:keep_run]
             if self._cache and self._cache[0].index <= base_index:
                 drop = min(len(self._cache), base_index + 1 - self._cache[0].index)
