@@ -257,6 +257,7 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     await _bounded_stop("the HTTP API", runner.cleanup(), STOP_HTTP_GRACE_S + STOP_STEP_S)
     if reporter is not None:
         await _bounded_stop("the controller reporter", reporter.stop(), STOP_STEP_S)
+    log.info("stopping the broker and its log")   # a stop that hangs past here hangs in broker.stop()
     await broker.stop()
     fatal = broker.fatal or _log_fatal(broker)
     log.info("stopped", extra={"fatal": str(fatal or "")})
