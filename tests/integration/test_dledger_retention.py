@@ -176,10 +176,38 @@ def _queue(g: DLedgerGroup, n: str) -> dict:
     return doc["queues"][0] if st == 200 else {}
 
 
-def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_of_all(tmp_path):
+def _retention_group(tmp_path) -> DLedgerGroup:
+    """256 KiB data files, expired after an hour, deleted at this hour (or the next)."""
     hour = datetime.now().hour
-    g = DLedgerGroup(tmp_path, extra=f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
-                                     f"deleteWhen={hour:02d};{(hour + 1) % 24:02d}\n").start()
+    return DLedgerGroup(tmp_path, extra=f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
+                                        f"deleteWhen={hour:02d};{(hour + 1) % 24:02d}\n").start()
+
+
+def _send_r(g: DLedgerGroup, leader: str, lo: int, hi: int) -> None:
+    for i in range(lo, hi, 100):
+        st, doc = http(g.api[leader], "POST", "/topics/R/messages",
+                       {"messages": [{"body": _body(j), "queue_id": 0} for j in range(i, min(hi, i + 100))]})
+        assert st == 200 and all(r["status"] == "SEND_OK" for r in doc["results"]), doc
+
+
+def _body(j: int) -> str:
+    return f"r{j:05d}" + "x" * 1000
+
+
+def _age_head_files(g: DLedgerGroup, nodes) -> dict[str, str]:
+    """Every data file but the one being written, last modified two hours ago; the data dirs."""
+    dirs = {x: os.path.join(os.path.dirname(g.nodes[x].conf), "store", f"dledger-{x}", "data") for x in nodes}
+    aged = time.time() - 2 * 3600
+    for d in dirs.values():
+        files = sorted(os.listdir(d))
+        assert len(files) >= 4, files
+        for f in files[:-1]:
+            os.utime(os.path.join(d, f), (aged, aged))
+    return dirs
+
+
+def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_of_all(tmp_path):
+    g = _retention_group(tmp_path)
     try:
         leader = g.leader()
         assert http(g.api[leader], "POST", "/topics", {"topic": "R", "queues": 1})[0] == 200
@@ -187,18 +215,9 @@ def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_o
         st, _ = http(g.api[leader], "POST", "/topics/S/messages", {"messages": [{"body": "s", "queue_id": 0}] * 5})
         assert st == 200                      # S is never written again: its messages all go with the cut
         n = 1200
-        for i in range(0, n, 100):
-            st, doc = http(g.api[leader], "POST", "/topics/R/messages",
-                           {"messages": [{"body": f"r{j:05d}" + "x" * 1000, "queue_id": 0} for j in range(i, i + 100)]})
-            assert st == 200 and all(r["status"] == "SEND_OK" for r in doc["results"]), doc
+        _send_r(g, leader, 0, n)
         _wait(lambda: all(_queue(g, x).get("max_offset") == n for x in g.nodes), 30, "every replica dispatched", g)
-        data = {x: os.path.join(os.path.dirname(g.nodes[x].conf), "store", f"dledger-{x}", "data") for x in g.nodes}
-        aged = time.time() - 2 * 3600
-        for x, d in data.items():
-            files = sorted(os.listdir(d))
-            assert len(files) >= 4, files
-            for f in files[:-1]:
-                os.utime(os.path.join(d, f), (aged, aged))
+        data = _age_head_files(g, g.nodes)
         _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 0 for x in g.nodes), 40,
               "every replica's retention loop cut its head and the consume queue followed", g)
         assert all(len(os.listdir(d)) <= 2 for d in data.values()), {x: os.listdir(d) for x, d in data.items()}
@@ -218,38 +237,24 @@ def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_o
         for x in g.nodes:
             assert _queue(g, x)["min_offset"] == heads[x]
             st, doc = http(g.api[x], "GET", f"/topics/R/queues/0/messages?offset={n - 2}&max=8")
-            assert st == 200 and [m["body"] for m in doc["messages"]] == [f"r{n - 2:05d}" + "x" * 1000,
-                                                                          f"r{n - 1:05d}" + "x" * 1000, "after"]
+            assert st == 200 and [m["body"] for m in doc["messages"]] == [_body(n - 2), _body(n - 1), "after"]
     finally:
         g.close()
 
 
 def test_a_node_process_that_was_down_while_the_others_cut_is_reset_to_the_leaders_base(tmp_path):
-    hour = datetime.now().hour
-    g = DLedgerGroup(tmp_path, extra=f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
-                                     f"deleteWhen={hour:02d};{(hour + 1) % 24:02d}\n").start()
+    g = _retention_group(tmp_path)
     try:
         leader = g.leader()
         down = next(x for x in g.nodes if x != leader)
         live = [x for x in g.nodes if x != down]
         assert http(g.api[leader], "POST", "/topics", {"topic": "R", "queues": 1})[0] == 200
-
-        def send(lo: int, hi: int) -> None:
-            for i in range(lo, hi, 100):
-                st, doc = http(g.api[leader], "POST", "/topics/R/messages",
-                               {"messages": [{"body": f"r{j:05d}" + "x" * 1000, "queue_id": 0} for j in range(i, i + 100)]})
-                assert st == 200 and all(r["status"] == "SEND_OK" for r in doc["results"]), doc
-
-        send(0, 200)
+        _send_r(g, leader, 0, 200)
         _wait(lambda: all(_queue(g, x).get("max_offset") == 200 for x in g.nodes), 30, "every replica dispatched", g)
         g.kill9(down)
-        send(200, 1400)
+        _send_r(g, leader, 200, 1400)
         _wait(lambda: all(_queue(g, x).get("max_offset") == 1400 for x in live), 30, "the live replicas dispatched", g)
-        aged = time.time() - 2 * 3600
-        for x in live:
-            d = os.path.join(os.path.dirname(g.nodes[x].conf), "store", f"dledger-{x}", "data")
-            for f in sorted(os.listdir(d))[:-1]:
-                os.utime(os.path.join(d, f), (aged, aged))
+        _age_head_files(g, live)
         _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 200 for x in live), 40,
               "the live replicas cut past everything the stopped one holds", g)
         g.nodes[down].launch()
@@ -257,7 +262,7 @@ def test_a_node_process_that_was_down_while_the_others_cut_is_reset_to_the_leade
         _wait(lambda: _queue(g, down).get("max_offset") == 1400, 30, "the returning replica caught up", g)
         assert "log reset to the leader's base" in g.nodes[down].tail(400_000)
         assert _queue(g, down)["min_offset"] == _queue(g, leader)["min_offset"] > 200
-        tail = [f"r{j:05d}" + "x" * 1000 for j in range(1392, 1400)]
+        tail = [_body(j) for j in range(1392, 1400)]
         for x in g.nodes:
             st, doc = http(g.api[x], "GET", "/topics/R/queues/0/messages?offset=1392&max=8")
             assert st == 200 and [m["body"] for m in doc["messages"]] == tail, x
