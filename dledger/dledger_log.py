@@ -57,7 +57,7 @@ from node.store.disk_guard import DiskGuard
 from node.store.errors import DiskFull, InvalidMessage, NotLeader, StoreError, StoreFatal
 from node.store.message import MessageDraft
 from node.store.queue_offsets import QueueOffsetTable
-from node.store.retention import RetentionDecision, RetentionPolicy, SegmentAge, decide
+from node.store.retention import RetentionDecision, RetentionPolicy, decide, segment_ages
 from node.store.scrub import CorruptData, CorruptionRegistry, CorruptRange
 from dledger import repair as R
 
@@ -115,9 +115,9 @@ class DLedgerLog:
         self.max_propose_entries = max_propose_entries or node.raft_config.max_batch_entries
         node.listener = self
         self._applied_table = QueueOffsetTable()
-        # index -> the applied table as of it, for each entry that is the last before a data file
-        # (retention's candidate bases); _fold_file: the file of the last entry folded into it
-        self._file_tables: dict[int, dict] = {}
+        # data file start -> (the entry before the file's first, the applied table as of it):
+        # retention's candidate bases; _fold_file: the file of the last entry folded in
+        self._file_tables: dict[int, tuple[int, dict]] = {}
         self._fold_file = -1
         # Told the log's new start position when an InstallBase resets this replica (the
         # broker drops its consume queues of the old log and dispatch jumps there).
@@ -390,7 +390,7 @@ class DLedgerLog:
             if f != self._fold_file:
                 base = batch[j].index - 1
                 if base >= self.store.first_index() and not self.corruption:
-                    self._file_tables[base] = table.snapshot()
+                    self._file_tables[f * seg] = (base, table.snapshot())
                 self._fold_file = f
             lo, hi = j, n - 1            # the last entry of the batch still in file f
             while lo < hi:
@@ -533,42 +533,32 @@ class DLedgerLog:
         if safe_index < store.first_index():
             return None
         safe_upto = min(self._end_of(safe_index), self._scan_floor)
-        segs = store.data.segments
-        ages = [SegmentAge(sg.base, sg.base + store.segment_size if i < len(segs) - 1 else store.end_pos,
-                           store.fs.mtime(sg.path)) for i, sg in enumerate(segs)]
+        ages = segment_ages([(sg.base, sg.path) for sg in store.data.segments], store.segment_size, store.end_pos,
+                            store.fs.mtime)
         decision = decide(policy, now or datetime.now(), ages, ratio, safe_upto)
         if not decision.delete_bases:
             return decision
-        base = self._last_before(decision.delete_upto, safe_index)
-        table = self._file_tables.get(base) if base is not None else None
-        if table is None:
-            log.warning("dledger %s: retention would cut below %d but has no queue-offset table for entry %s; "
-                        "waiting for the next file", self.node.node_id, decision.delete_upto, base)
+        # The cut is a file start, where a first entry begins; the files below end at or before
+        # safe_upto, so the entry before it is applied, fsynced and dispatched.
+        found = self._file_tables.get(decision.delete_upto)
+        if found is None:
+            log.warning("dledger %s: retention would cut below %d but has no queue-offset table for it; "
+                        "waiting for the next file", self.node.node_id, decision.delete_upto)
             return None
+        base, table = found
         broker = self.export_broker_state() if self.export_broker_state is not None else {}
         try:
             removed = store.compact_to(base, _encode_base_state(table, broker))
         except DiskFull as e:   # no room for the new base's state file: nothing was deleted
             log.warning("dledger %s: retention could not write the new base: %s", self.node.node_id, e)
             return None
-        for k in [k for k in self._file_tables if k <= base]:
+        for k in [k for k in self._file_tables if k <= decision.delete_upto]:
             del self._file_tables[k]
         if self.disk is not None:
             self.disk.recheck()
         log.info("dledger %s: retention deleted %d file(s) (%s); the log now starts at entry %d, position %d",
                  self.node.node_id, len(removed), decision.reason, base + 1, store.start_pos)
         return decision
-
-    def _last_before(self, pos: int, hi: int) -> int | None:
-        """The entry just before the first entry at or past `pos` (among first..hi+1), or None."""
-        store = self.store
-        lo, top = store.first_index(), hi + 1
-        if store.entry_at(top).pos < pos:
-            return None
-        while lo < top:                      # first index in lo..top whose entry starts at or past pos
-            mid = (lo + top) // 2
-            lo, top = (mid + 1, top) if store.entry_at(mid).pos < pos else (lo, mid)
-        return lo - 1 if lo - 1 >= store.first_index() else None
 
     # --- reads ------------------------------------------------------------------------------
     @property

@@ -51,10 +51,7 @@ def attach_truncation(broker) -> None:
     halog.truncate_listeners.append(on_truncate)
 
     def on_reset(offset: int) -> None:
-        # Nothing below `offset` exists on this replica any more: dispatch starts there.
-        d = broker.dispatcher
-        d.position = max(d.position, offset)
-        d.flushed_position = max(d.flushed_position, offset)
+        broker.dispatcher.skip_to(offset)
         log.warning("slave log restarts at %d: dispatch resumes there", offset)
 
     halog.reset_listeners.append(on_reset)

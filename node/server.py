@@ -206,11 +206,9 @@ def follow_dledger_resets(broker: Broker) -> None:
 
     def on_reset(start: int) -> None:
         cut = broker.cq_store.truncate_past_physical(0)
-        d = broker.dispatcher
-        d.position = max(d.position, start)
-        d.flushed_position = max(d.flushed_position, start)
+        broker.dispatcher.skip_to(start)
         log.warning("log reset to the leader's base: dropped %d consume-queue units of the old log; dispatch "
-                    "resumes at %d", cut, d.position)
+                    "resumes at %d", cut, broker.dispatcher.position)
 
     rlog.reset_listeners.append(on_reset)
 

@@ -202,6 +202,12 @@ class Dispatcher:
         self._task = asyncio.get_running_loop().create_task(self.run(), name="dispatcher")
         return self._task
 
+    def skip_to(self, position: int) -> None:
+        """Nothing below `position` is in the log any more (this replica's log restarted further
+        on): dispatch continues from there."""
+        self.position = max(self.position, position)
+        self.flushed_position = max(self.flushed_position, position)
+
     async def stop(self) -> None:
         """Cancel the loop; it flushes and checkpoints on the way out."""
         task, self._task = self._task, None

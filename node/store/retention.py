@@ -117,6 +117,15 @@ def _upto(segments: Sequence[SegmentAge], chosen: Sequence[int]) -> int:
     return segments[i].base if i < len(segments) else segments[i - 1].end
 
 
+def segment_ages(segments: Sequence[tuple[int, str]], segment_size: int, end: int,
+                 mtime_of: Callable[[str], float]) -> list[SegmentAge]:
+    """A SegmentAge per (base, path) of a log's files in order: each full but the last, which
+    ends at `end`, aged by `mtime_of(path)`."""
+    last = len(segments) - 1
+    return [SegmentAge(base, base + segment_size if i < last else end, mtime_of(path))
+            for i, (base, path) in enumerate(segments)]
+
+
 def file_mtime_s(path: str) -> float:
     """mtime straight from the OS, for callers without a FileSystem."""
     return os.stat(path).st_mtime
@@ -129,8 +138,8 @@ def apply(commitlog: "CommitLog", policy: RetentionPolicy, now: datetime, disk_r
     if mtime_of is None:
         mtime_of = commitlog.fs.mtime
     infos = commitlog.segment_infos()
-    ages = [SegmentAge(s.base, s.base + commitlog.segment_size if i < len(infos) - 1 else s.end, mtime_of(s.path))
-            for i, s in enumerate(infos)]
+    ages = segment_ages([(s.base, s.path) for s in infos], commitlog.segment_size, infos[-1].end if infos else 0,
+                        mtime_of)
     decision = decide(policy, now, ages, disk_ratio, safe_upto)
     if decision.delete_bases:
         removed = commitlog.delete_head(decision.delete_upto)
