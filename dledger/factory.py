@@ -63,7 +63,8 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
         raise ConfigError(f"dLegerSelfId {config.dleger_self_id!r} is not in dLegerPeers")
     fs = fs or FileSystem()
     store = EntryStore(fs, config.store_root, config.dleger_self_id,
-                       data_segment_size=config.mapped_file_size_commit_log)
+                       data_segment_size=config.mapped_file_size_commit_log,
+                       reserve_bytes=config.dleger_reserve_bytes)
     rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None)
     shell = ShellConfig(flush_disk_type=config.flush_disk_type,
                         async_flush_interval_ms=config.flush_interval_commit_log_ms)

@@ -131,6 +131,27 @@ class FileSystem:
         with open(path, "rb") as f:
             return f.read()
 
+    def allocate(self, path: str, size: int) -> None:
+        """Make `path` a file of `size` bytes whose blocks are all allocated (zeros written,
+        not a sparse hole), durably: a reserve whose removal gives that much room back.
+        Nothing to do when it already has that size. OSError (ENOSPC) leaves no file behind."""
+        f = self.open(path)
+        try:
+            if f.size() == size:
+                return
+            f.truncate(0)
+            zeros = bytes(min(size, 1 << 20))
+            for at in range(0, size, len(zeros)):
+                f.pwrite(zeros[:size - at], at)
+            f.fsync()
+        except OSError:
+            f.close()
+            self.remove(path)
+            raise
+        finally:
+            f.close()
+        self.fsync_dir(os.path.dirname(path) or ".")
+
     def write_atomic(self, path: str, data: bytes) -> None:
         """Write temp, fsync, rename over `path`, fsync the directory: all or nothing."""
         tmp = path + ".tmp"
@@ -266,7 +287,8 @@ class FaultyFileSystem(FileSystem):
     with torn=True the newest write of each file keeps a random prefix instead.
     `write_budget_bytes` models free space: a write is charged only for the bytes it
     newly allocates (overwriting bytes already written costs nothing; filling a sparse
-    hole does), and one that does not fit fails with ENOSPC before writing anything.
+    hole does), and one that does not fit fails with ENOSPC before writing anything;
+    removing a file this file system has written gives its bytes back.
     `short_write_bytes` makes the next write longer than that store only that many bytes
     and raise ShortWrite (ENOSPC). `mtimes` overrides FileSystem.mtime per path.
     """
@@ -291,7 +313,9 @@ class FaultyFileSystem(FileSystem):
 
     def remove(self, path: str) -> None:
         super().remove(path)
-        self._extents.pop(path, None)
+        ext = self._extents.pop(path, None)
+        if ext is not None and self.write_budget_bytes is not None:   # its blocks are free again
+            self.write_budget_bytes += ext.covered(0, 1 << 62)
 
     def rmtree(self, path: str) -> None:
         super().rmtree(path)

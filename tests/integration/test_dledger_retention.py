@@ -8,9 +8,11 @@ follower that was down while the others cut past its log is reset to the leader'
 (InstallBase): it takes the leader's queue-offset table, topics and consumer offsets as of
 the base, drops its consume queues of the old log, dispatches from the base and, made
 leader, continues every queue where the group left it.
+A replica whose disk is full to the last block gives up its reserve file to write the base
+state, cuts, and puts the reserve back.
 Before, a DLedger log was never cut (it grew until the disk guard refused sends), and a
 replica reset to a leader's base would have restarted its queue offsets from what its log
-still held.
+still held; and a disk with no block left could not be cut at all.
 Method: three brokers in DLedger mode (build_broker, real files and loopback sockets) in one
 event loop, 128 KiB data files; retention is ticked by hand with a clock at 04:00 so files
 written moments ago count as expired (fileReservedTime=1 hour). Then a group of real node
@@ -21,6 +23,7 @@ a deleteWhen of this hour; kill -9 of all three and a restart continue the queue
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import time
 from datetime import datetime
@@ -28,6 +31,7 @@ from datetime import datetime
 from node.broker import OutgoingMessage
 from node.config import BrokerConfig
 from node.server import build_broker
+from node.store.fileio import FaultyFileSystem
 from tests.integration.dledger_group import DLedgerGroup
 from tests.integration.test_dledger_inprocess import free_ports, wait_for
 from tests.integration.test_node_process import http
@@ -149,6 +153,47 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
             await settled(brokers, IDS)
             assert brokers[other].log._applied_table.snapshot() == d.log._applied_table.snapshot()
         finally:
+            for b in brokers.values():
+                if b.log.node.core is not None and b.log.node._running:
+                    await b.stop()
+
+    asyncio.run(main())
+
+
+def test_a_replica_whose_disk_is_full_to_the_last_block_still_cuts_by_giving_up_its_reserve(tmp_path, caplog):
+    """Regression: a replica whose disk had no block left could not write the base state a cut
+    needs first, so retention deleted nothing there and its disk stayed full for good. Now
+    the store's reserve (dLegerReserveBytes) is given up for that write and put back from
+    the room the cut makes. A replica without a reserve is the contrast: nothing deleted."""
+    async def main():
+        cfg = configs(tmp_path)
+        cfg["n2"] = dataclasses.replace(cfg["n2"], dleger_reserve_bytes=0)
+        fs = {n: FaultyFileSystem(40 + k) for k, n in enumerate(IDS)}
+        brokers = {n: build_broker(cfg[n], fs[n]) for n in IDS}
+        for b in brokers.values():
+            await b.start()
+        try:
+            lead = await leader_of(brokers)
+            await brokers[lead].create_topic("T", 2)
+            await send(brokers[lead], "T", 600, "a")
+            await settled(brokers, IDS)
+            assert os.path.getsize(brokers["n0"].log.store.reserve_path) == cfg["n0"].dleger_reserve_bytes
+            for n in ("n0", "n2"):
+                fs[n].write_budget_bytes = 0          # not one block left on these two disks
+                before = data_files(brokers[n])
+                await cut(brokers[n])
+                after = data_files(brokers[n])
+                if n == "n0":
+                    assert len(after) <= len(before) - 3, "expired head files deleted on a full disk"
+                    assert brokers[n].log.store.first_index() > 1
+                    assert os.path.getsize(brokers[n].log.store.reserve_path) == cfg[n].dleger_reserve_bytes
+                else:
+                    assert after == before, "no reserve: the base state cannot be written, nothing deleted"
+            assert "reserve is given up" in caplog.text
+            assert "retention could not write the new base" in caplog.text
+        finally:
+            for f in fs.values():
+                f.write_budget_bytes = None
             for b in brokers.values():
                 if b.log.node.core is not None and b.log.node._running:
                     await b.stop()
