@@ -4,7 +4,9 @@ Absolute throughput drifts between runs and machines, so each benchmark reports 
 anchor measured in the same run on the same machine:
 
 * ``disk_anchors(dir)``      -- what the disk itself can do (sequential MB/s, fdatasync/s, raw
-                                ``os.write`` of 1 KiB-message-sized records).
+                                ``os.write`` of 1 KiB-message-sized records), and how fast
+                                the page cache takes new data into memory freed just before
+                                and freed seconds before (see ``_page_cache_writes``).
 * ``nats_anchor(R, mode)``   -- NATS JetStream R1/R3 on loopback, 1 KiB payloads, async
                                 (pipelined acks) or sync (one publish at a time).
 * ``pysyncobj_anchor()``     -- 3 PySyncObj processes replicating a counter.
@@ -120,16 +122,18 @@ def _wait_port(port: int, deadline: float) -> bool:
 # disk
 
 
-def _seq_write_mb_s(path: Path, size_mib: int) -> float:
-    """1 MiB writes, one fdatasync at the end, timed including that fdatasync (otherwise we
-    would measure the page cache, not the disk)."""
+def _seq_write_mb_s(path: Path, size_mib: int, sync: bool = True) -> float:
+    """1 MiB writes into a new file, one fdatasync at the end, timed including that fdatasync
+    (otherwise we would measure the page cache, not the disk). `sync=False` measures the page
+    cache: how fast it takes new data."""
     buf = os.urandom(MIB)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         start = time.perf_counter()
         for _ in range(size_mib):
             os.write(fd, buf)
-        os.fdatasync(fd)
+        if sync:
+            os.fdatasync(fd)
         elapsed = time.perf_counter() - start
     finally:
         os.close(fd)
@@ -180,20 +184,42 @@ def _raw_record_writes(path: Path, seconds: float, max_bytes: int) -> dict:
     }
 
 
+def _page_cache_writes(work: Path, size_mib: int, idle_s: float) -> dict:
+    """Page-cache write rate into memory freed just before (a file of the same size deleted
+    right away) and into memory freed `idle_s` earlier. On a VM that hands freed guest memory
+    back to its host (virtio-balloon free page reporting) the second can be several times
+    slower, each page faulted in by the host again: 0.35-0.5 GB/s against 4 GB/s at times on
+    the 2-core VM these benchmarks were tuned on, about the same at others. Every log write
+    into new page cache pays that, so a node's CPU per message moves with it; the two rates
+    say which case a run met."""
+    _seq_write_mb_s(work / "a.bin", size_mib, sync=False)
+    (work / "a.bin").unlink()
+    reused = _seq_write_mb_s(work / "b.bin", size_mib, sync=False)
+    (work / "b.bin").unlink()
+    time.sleep(idle_s)
+    after_idle = _seq_write_mb_s(work / "c.bin", size_mib, sync=False)
+    (work / "c.bin").unlink()
+    return {"page_write_reused_mb_s": reused, "page_write_after_idle_mb_s": after_idle,
+            "page_write_idle_s": idle_s, "page_write_mib": size_mib}
+
+
 def disk_anchors(
     dir: str | os.PathLike,
     size_mib: int = 256,
     fsync_seconds: float = 2.0,
     max_fsyncs: int = 100_000,
     write_seconds: float = 2.0,
+    page_idle_s: float = 4.0,
 ) -> dict:
     """The disk's own limits, measured in a temp dir under `dir` (removed afterwards).
 
     Returns ``{"dir", "seq_write_mb_s", "seq_write_mib", "fdatasync_per_s",
-    "raw_write_record_bytes", "raw_write_msgs_per_s", "raw_write_mb_s", "raw_write_msgs"}``.
+    "raw_write_record_bytes", "raw_write_msgs_per_s", "raw_write_mb_s", "raw_write_msgs",
+    "page_write_reused_mb_s", "page_write_after_idle_mb_s", "page_write_idle_s", "page_write_mib"}``.
     """
     work = Path(tempfile.mkdtemp(prefix="mqbench-disk-", dir=dir))
     try:
+        pages = _page_cache_writes(work, min(size_mib, 64), page_idle_s)
         seq = _seq_write_mb_s(work / "seq.bin", size_mib)
         (work / "seq.bin").unlink()
         syncs = _fdatasync_per_s(work / "sync.bin", fsync_seconds, max_fsyncs)
@@ -201,6 +227,7 @@ def disk_anchors(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {
+        **pages,
         "dir": str(Path(dir).resolve()),
         "seq_write_mb_s": seq,
         "seq_write_mib": size_mib,

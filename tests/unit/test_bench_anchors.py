@@ -9,8 +9,9 @@ from bench.__main__ import parse_json_output
 
 def test_disk_anchors_tiny_returns_positive_numbers(tmp_path):
     result = anchors.disk_anchors(tmp_path, size_mib=2, fsync_seconds=0.05, max_fsyncs=20,
-                                  write_seconds=0.05)
-    for key in ("seq_write_mb_s", "fdatasync_per_s", "raw_write_msgs_per_s", "raw_write_mb_s"):
+                                  write_seconds=0.05, page_idle_s=0.01)
+    for key in ("seq_write_mb_s", "fdatasync_per_s", "raw_write_msgs_per_s", "raw_write_mb_s",
+                "page_write_reused_mb_s", "page_write_after_idle_mb_s"):
         assert result[key] > 0, key
     assert result["raw_write_record_bytes"] == 1115
     assert result["raw_write_msgs"] <= 2 * 1024 * 1024 // 1115
