@@ -28,6 +28,7 @@ import msgpack
 
 from node import limits
 from node.config import BrokerConfig
+from node.fence import WRITABLE_ROLES
 from node.metrics import TrafficStats
 from node.replicated_log import ReplicatedLog
 from node.store import layout as L
@@ -798,7 +799,15 @@ class Broker:
     # --- pull ------------------------------------------------------------------------------------
     async def pull(self, topic: Any, queue_id: Any, offset: Any, max_msgs: Any = None,
                    tags: str | None = None, wait_ms: Any = 0) -> PullResult:
-        """DefaultMessageStore.getMessage, plus long polling when the queue has nothing new."""
+        """DefaultMessageStore.getMessage, plus long polling when the queue has nothing new.
+
+        A slave (classic) or follower (DLedger) serves pulls only with slaveReadEnable=true, as
+        RocketMQ's PullMessageProcessor rejects them otherwise; here the refusal is NOT_LEADER
+        naming the master, which clients follow."""
+        role = self.log.role()
+        if role not in WRITABLE_ROLES and not self.config.slave_read_enable:
+            raise NotLeader(f"this node is a {role}: pulls are served by the master "
+                            f"(slaveReadEnable=false)", leader=self.log.leader())
         cfg = self.topic(topic)
         if not cfg.perm & PERM_READ:
             raise NoPermission(f"topic {cfg.topic!r} is not readable (perm {cfg.perm})")

@@ -97,7 +97,8 @@ class BrokerConfig:
     ha_listen_port: int = _key("haListenPort", 10912)
     # Classic HA: slave's `host:port` of the master's HA port; empty = learn from the controller.
     ha_master_address: str = _key("haMasterAddress", "")
-    # Classic HA: whether a slave serves pulls.
+    # Whether a classic slave or a DLedger follower serves pulls; false: they answer NOT_LEADER
+    # naming the master or leader (clients follow it). Queries by key or id are served anyway.
     slave_read_enable: bool = _key("slaveReadEnable", False)
     # Controller API addresses `host:port;host:port` (namesrvAddr is accepted as an alias).
     controller_addr: str = _key("controllerAddr", "")

@@ -342,7 +342,9 @@ def _base_url(endpoint: str) -> str:
     return endpoint if endpoint.startswith(("http://", "https://")) else f"http://{endpoint}"
 
 
-def rest_get(endpoint: str, path: str, params: dict | None = None) -> dict | list:
+def rest_get(endpoint: str, path: str, params: dict | None = None, redirects: int = 2) -> dict | list:
+    """GET a node's JSON; a NOT_LEADER answer (a follower or slave that does not serve pulls,
+    slaveReadEnable=false) is followed to the node it names, at most `redirects` times."""
     url = _base_url(endpoint).rstrip("/") + path
     if params:
         url += "?" + urllib.parse.urlencode(params)
@@ -351,8 +353,23 @@ def rest_get(endpoint: str, path: str, params: dict | None = None) -> dict | lis
         with urllib.request.urlopen(req, timeout=_REST_TIMEOUT_S) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
-        detail = e.read()[:500].decode("utf-8", "replace")
-        raise RuntimeError(f"GET {url}: HTTP {e.code}: {detail}") from None
+        raw = e.read()[:2000]
+        leader = _not_leader_hint(raw)
+        if leader and redirects > 0:
+            scheme = _base_url(endpoint).split("://", 1)[0]
+            return rest_get(f"{scheme}://{leader}", path, params, redirects - 1)
+        raise RuntimeError(f"GET {url}: HTTP {e.code}: {raw[:500].decode('utf-8', 'replace')}") from None
+
+
+def _not_leader_hint(raw: bytes) -> str | None:
+    """The `leader` of a NOT_LEADER error body, if it is one and names a node."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and doc.get("error") == "NOT_LEADER" and isinstance(doc.get("leader"), str):
+        return doc["leader"] or None
+    return None
 
 
 def list_topics(endpoint: str) -> list[str]:

@@ -179,7 +179,7 @@ class NetnsCluster:
         peers = ";".join(f"{ids[x]}-{self.nodes[x].ip}:{RAFT_PORT}" for x in GROUPS["broker-a"])
         apis = ";".join(f"{ids[x]}-{self.nodes[x].ip}:{API_PORT}" for x in GROUPS["broker-a"])
         return [*self._template("dledger.conf"), *self._common(s), f"dLegerSelfId={ids[s]}",
-                f"dLegerPeers={peers}", f"dLegerPeerApis={apis}"]
+                f"dLegerPeers={peers}", f"dLegerPeerApis={apis}", "slaveReadEnable=true"]   # drills read every replica
 
     def _classic_lines(self, s: str) -> list[str]:
         ctl = ";".join(f"{self.nodes[c].ip}:{CTL_PORT}" for c in CONTROLLERS)

@@ -23,8 +23,10 @@ class DLedgerGroup:
         for n in NODE_IDS:
             d = tmp_path / n
             d.mkdir()
+            # slaveReadEnable: the tests read every replica's queues, followers' included.
             conf = write_conf(d, self.api[n], "\n".join([*lc.dledger_lines(n, "broker-a", raft, self.api),
-                                                         f"streamListenPort={self.stream[n]}"]) + "\n" + extra)
+                                                         f"streamListenPort={self.stream[n]}",
+                                                         "slaveReadEnable=true"]) + "\n" + extra)
             self.nodes[n] = NodeProcess(conf, self.api[n], str(d / "node.log"))
 
     def start(self) -> "DLedgerGroup":

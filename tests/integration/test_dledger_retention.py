@@ -49,7 +49,7 @@ def configs(tmp_path) -> dict[str, BrokerConfig]:
     return {n: BrokerConfig(store_path_root_dir=str(tmp_path / n), listen_port=api[n], enable_dleger_commit_log=True,
                             dleger_group="g", dleger_peers=peers, dleger_peer_apis=apis, dleger_self_id=n,
                             mapped_file_size_commit_log=SEG, max_message_size=4096, file_reserved_time_hours=1,
-                            delete_when="04").validate()
+                            delete_when="04", slave_read_enable=True).validate()
             for n in IDS}
 
 

@@ -72,7 +72,8 @@ class Group3:
                 "allAckInSyncStateSet=true", "minInSyncReplicas=1",
                 "flushDiskType=ASYNC_FLUSH", f"storePathRootDir={os.path.join(self.tmp, f'store{b}')}",
                 "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144", f"listenPort={self.api[b]}", f"haListenPort={self.ha[b]}",
-                "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"controllerAddr={ctl}", ""]))
+                "brokerIP1=127.0.0.1", "bindAddress=127.0.0.1", f"controllerAddr={ctl}",
+                "slaveReadEnable=true", ""]))      # the tests read every replica's queue
         self._spawn(f"b{b}", [sys.executable, "-m", "node", "-c", conf])
 
     def url(self, b: int, path: str) -> str:

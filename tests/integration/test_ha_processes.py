@@ -17,6 +17,7 @@ broker nodes of group broker-b, run as `python -m node`). Expected outcomes, one
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -141,7 +142,9 @@ class Group:
             self.api[b], os.path.join(self.tmp, f"store{b}"),
             ["brokerClusterName=ha-test", "brokerName=broker-b", "flushDiskType=ASYNC_FLUSH",
              "mappedFileSizeCommitLog=1048576", "maxMessageSize=262144",
-             *lc.classic_lines(b, self.role, self.ha[b], self.controller_addr[b]), *self.extra_lines[b]]))
+             *lc.classic_lines(b, self.role, self.ha[b], self.controller_addr[b]),
+             "slaveReadEnable=true",      # the tests read the slave's queues
+             *self.extra_lines[b]]))
         self._spawn(f"b{b}", lc.node_argv(conf))
 
     def start_dledger_node(self, name: str = "dl") -> int:
@@ -400,6 +403,28 @@ def test_regression_demoted_live_master_truncates_and_catches_up(group):
             _commitlog_bytes(os.path.join(g.tmp, "store1"), end), "committed bytes differ"
     finally:
         proxy.close()
+
+
+def test_a_slave_without_slave_read_enable_sends_pulls_to_the_master(group):
+    """slaveReadEnable=false (RocketMQ's default): the slave answers a pull with NOT_LEADER
+    naming the master, and the SDK, given only the slave's address, reads from the master.
+    Before, the key was read and ignored: a slave served every pull."""
+    g = group
+    g.extra_lines[1] = ["slaveReadEnable=false"]
+    _bring_up(g)
+    assert [g.send(0, i) for i in range(3)] == ["SEND_OK"] * 3
+    st, r = http("GET", g.url(1, f"/topics/{TOPIC}/queues/0/messages?offset=0&max=8"))
+    assert st == 421 and r["error"] == "NOT_LEADER" and r["leader"] == f"127.0.0.1:{g.api[0]}", (st, r)
+    assert "slaveReadEnable=false" in r["message"]
+    st, r = http("GET", g.url(0, f"/topics/{TOPIC}/queues/0/messages?offset=0&max=8"))
+    assert st == 200 and [m["body"] for m in r["messages"]] == ["m000000", "m000001", "m000002"]
+
+    async def pull_through_the_slave() -> list[str]:
+        from mqstore.client import AsyncPullConsumer
+        async with AsyncPullConsumer("G", brokers=f"127.0.0.1:{g.api[1]}") as pc:
+            (mq,) = [q for q in await pc.fetch_queues(TOPIC) if q.queue_id == 0]
+            return [m.body.decode() for m in (await pc.pull(mq, 0, 8)).messages]
+    assert asyncio.run(pull_through_the_slave()) == ["m000000", "m000001", "m000002"]
 
 
 def test_consumer_offsets_and_topic_config_reach_the_slave(group):

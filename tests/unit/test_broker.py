@@ -22,7 +22,7 @@ from node.replicated_log import PutResult, PutStatus, ScanBatch, ScannedRecord
 from node.store import layout as L
 from node.store import message as M
 from node.store.consume_queue import ConsumeQueueStore
-from node.store.errors import BadRequest, MessageNotFound, MessageTooLarge, TopicNotExist
+from node.store.errors import BadRequest, MessageNotFound, MessageTooLarge, NotLeader, TopicNotExist
 from node.store.fileio import FileSystem
 
 
@@ -317,6 +317,29 @@ def test_pull_statuses_match_getmessage(tmp_path):
         r = await b.pull("T", 0, 1)
         assert (r.status, r.next_offset, r.min_offset) == ("OFFSET_ILLEGAL", 2, 2)
         await b.stop()
+    run(go())
+
+
+@pytest.mark.parametrize("role", ["SLAVE", "FOLLOWER", "CANDIDATE"])
+def test_a_slave_or_follower_serves_pulls_only_with_slave_read_enable(tmp_path, role):
+    """RocketMQ's PullMessageProcessor rejects pulls on a slave unless slaveReadEnable; here the
+    refusal is NOT_LEADER naming the master (clients follow it). Queries are served anyway."""
+    async def go():
+        h = make_broker(str(tmp_path))
+        await h.broker.start()
+        await h.broker.create_topic("T", 1)
+        await h.broker.send("T", [msg(b"x")])
+        await h.settle()
+        h.log.role = lambda: role
+        h.log.leader = lambda: "10.0.0.1:10911" if role != "CANDIDATE" else None
+        with pytest.raises(NotLeader, match="slaveReadEnable=false") as e:
+            await h.broker.pull("T", 0, 0)
+        assert e.value.leader == ("10.0.0.1:10911" if role != "CANDIDATE" else None)
+        assert h.broker.query_by_queue_offset("T", 0, 0).body == b"x"
+        h.broker.config = dataclasses.replace(h.broker.config, slave_read_enable=True)
+        r = await h.broker.pull("T", 0, 0)
+        assert [m.body for m in r.messages] == [b"x"]
+        await h.broker.stop()
     run(go())
 
 
