@@ -575,6 +575,7 @@ class EntryStore:
         """Put the reserve file in place if it is not; True when it is. Best effort: on a full
         disk it stays missing (logged) and the next retention cut tries again."""
         if self.reserve_bytes == 0:
+            self.fs.remove(self.reserve_path)     # one left by an earlier setting
             return False
         try:
             self.fs.allocate(self.reserve_path, self.reserve_bytes)

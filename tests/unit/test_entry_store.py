@@ -516,6 +516,9 @@ def test_no_reserve_by_default_and_a_reserve_of_the_right_size_is_left_alone(tmp
     s = _with_reserve(fs, tmp_path)
     assert os.stat(s.reserve_path).st_mtime_ns == mtime
     s.close()
+    s = open_store(fs, tmp_path)                   # dLegerReserveBytes=0 now: the old one goes
+    assert not os.path.exists(s.reserve_path)
+    s.close()
 
 
 def test_compact_to_on_a_full_disk_deletes_nothing_and_keeps_the_base(tmp_path):
