@@ -41,7 +41,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from dledger import entry as E
 from dledger.messages import Entry, EntryType, HardState
@@ -51,6 +51,7 @@ from node.store import layout as L
 from node.store.crc import crc32 as _crc32
 from node.store.errors import CorruptRecord, DiskFull, StoreError, StoreFatal
 from node.store.fileio import FileSystem
+from node.store.reserve import DiskReserve
 from node.store.segment import SegmentedFile
 
 log = logging.getLogger(__name__)
@@ -156,14 +157,14 @@ class EntryStore:
 
     def __init__(self, fs: FileSystem, root: str, self_id: str,
                  data_segment_size: int = 1 << 30, index_segment_size: int = INDEX_SIZE * (1 << 22),
-                 reserve_bytes: int = 0):
+                 reserve: DiskReserve | None = None):
         assert index_segment_size % INDEX_SIZE == 0, "an index record must never span files"
         assert data_segment_size > 2 * HEADER
-        assert reserve_bytes >= 0
         self.fs = fs
         self.dir = os.path.join(root, f"dledger-{self_id}")
-        self.reserve_bytes = reserve_bytes
-        self.reserve_path = os.path.join(self.dir, "reserve")
+        # The node's reserve (node/store/reserve.py): given up for meta at recovery and for a
+        # cut's base state on a disk full to the last block. None: no reserve.
+        self.reserve = reserve if reserve is not None else DiskReserve(fs, root, 0)
         self.data = SegmentedFile(fs, os.path.join(self.dir, "data"), data_segment_size)
         self.index = SegmentedFile(fs, os.path.join(self.dir, "index"), index_segment_size)
         self.meta_path = os.path.join(self.dir, "meta")
@@ -535,8 +536,8 @@ class EntryStore:
                                  f"(last {self._last_index}, fsynced {self._flushed_index}, durable {m.durable_mark})")
             base, nxt = self.entry_at(base_index), self.entry_at(base_index + 1)
             chain = int.from_bytes(self.data.read(base.pos + _CHAIN_AT, 4), "big")
-            self._using_reserve(lambda: self._write_base(base_index, base.term, nxt.pos, chain, app_state),
-                                f"the new base {base_index} (state of {len(app_state)} bytes)")
+            self.reserve.using(lambda: self._write_base(base_index, base.term, nxt.pos, chain, app_state),
+                               f"the new base {base_index} of {self.dir} (state of {len(app_state)} bytes)")
             self.base_app_state = app_state
             self._remove_stale_states()
             removed = self.data.delete_head(nxt.pos) + self.index.delete_head((base_index + 1) * INDEX_SIZE)
@@ -547,7 +548,7 @@ class EntryStore:
                 self._cache_bytes -= sum(HEADER + len(e.body) for e in self._cache[:drop])
                 del self._cache[:drop], self._cache_pos[:drop]
         log.info("%s: compacted to base %d (pos %d): %d file(s) deleted", self.dir, base_index, nxt.pos, len(removed))
-        self.ensure_reserve()
+        self.reserve.ensure(freed=True)
         return removed
 
     def _write_base(self, base_index: int, term: int, pos: int, chain: int, app_state: bytes) -> None:
@@ -565,39 +566,6 @@ class EntryStore:
                 raise
             raise DiskFull(f"disk full writing the new base {base_index} of {self.dir}; nothing deleted") \
                 from e.__cause__
-
-    # --- the reserve ------------------------------------------------------------------------
-    # A disk filled to the last block (by anything: the store's own guard stops appends well
-    # before) would leave the store unable to write what must precede freeing space: meta at
-    # recovery and the base state of a retention cut. The reserve file keeps that room: it is
-    # given up for exactly those writes, and put back once deletions have made room again.
-    def ensure_reserve(self) -> bool:
-        """Put the reserve file in place if it is not; True when it is. Best effort: on a full
-        disk it stays missing (logged) and the next retention cut tries again."""
-        if self.reserve_bytes == 0:
-            self.fs.remove(self.reserve_path)     # one left by an earlier setting
-            return False
-        try:
-            self.fs.allocate(self.reserve_path, self.reserve_bytes)
-            return True
-        except OSError as e:
-            log.warning("%s: no room for the %d-byte reserve (%s); tried again after the next retention cut",
-                        self.dir, self.reserve_bytes, e)
-            return False
-
-    def _using_reserve(self, write: Callable[[], None], what: str) -> None:
-        """`write()`; on a full disk, give up the reserve and `write()` once more."""
-        try:
-            write()
-            return
-        except (DiskFull, StoreFatal) as e:
-            if not _is_enospc(e) or self.reserve_bytes == 0 or not self.fs.exists(self.reserve_path):
-                raise
-            log.warning("%s: disk full writing %s: the %d-byte reserve is given up for it", self.dir, what,
-                        self.reserve_bytes)
-        self.fs.remove(self.reserve_path)
-        self.fs.fsync_dir(self.dir)
-        write()
 
     def _state_path(self, base_index: int) -> str:
         return os.path.join(self.dir, f"base-{base_index:020d}.state")
@@ -663,8 +631,8 @@ class EntryStore:
         self._cut_tail(self.data, scan.end_pos)
         report.index_rebuilt_from = self._fix_index(scan)
         self._install_scan(scan)
-        self._using_reserve(self._write_meta, "meta at recovery")
-        self.ensure_reserve()
+        self.reserve.using(self._write_meta, f"{self.meta_path} at recovery")
+        self.reserve.ensure()
         report.seconds = time.monotonic() - t0
         self._log_report(report)
         return report

@@ -23,6 +23,7 @@ from dledger.shell import RaftNode, ShellConfig
 from node.config import BrokerConfig, ConfigError, parse_dleger_peers
 from node.store.disk_guard import DiskGuard
 from node.store.fileio import FileSystem
+from node.store.reserve import DiskReserve
 
 API_PORT_OFFSET = 30000
 
@@ -64,7 +65,7 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
     fs = fs or FileSystem()
     store = EntryStore(fs, config.store_root, config.dleger_self_id,
                        data_segment_size=config.mapped_file_size_commit_log,
-                       reserve_bytes=config.dleger_reserve_bytes)
+                       reserve=DiskReserve(fs, config.store_root, config.disk_reserve_bytes))
     rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None)
     shell = ShellConfig(flush_disk_type=config.flush_disk_type,
                         async_flush_interval_ms=config.flush_interval_commit_log_ms)

@@ -74,6 +74,10 @@ class BrokerConfig:
     disk_max_used_space_ratio_pct: int = _key("diskMaxUsedSpaceRatio", 75)
     # (ours) Percent of disk use above which writes are refused (RocketMQ's 0.90 warning level).
     disk_space_warning_level_ratio_pct: int = _key("diskSpaceWarningLevelRatio", 90)
+    # (ours) Bytes kept allocated in `<storePathRootDir>/reserve` and given up only when a disk
+    # full to the last block would stop what frees it: the writes of a restart, a DLedger
+    # retention cut's base state (node/store/reserve.py). 0 = no reserve.
+    disk_reserve_bytes: int = _key("diskReserveBytes", 8 * MIB)
     # Period of the consumer-offset snapshot to config/consumerOffset.json, ms.
     flush_consumer_offset_interval_ms: int = _key("flushConsumerOffsetInterval", 5000)
     # (ours) Pause between two scrubber passes over the committed log, ms (node/store/scrub.py);
@@ -134,10 +138,6 @@ class BrokerConfig:
     # (ours) `n0-host:port;...`: every member's API address, for not-leader hints;
     # empty = each Raft host with the Raft port - 30000 (40911 -> 10911).
     dleger_peer_apis: str = _key("dLegerPeerApis", "")
-    # (ours) Bytes kept allocated in the store's `reserve` file and given up only when a disk
-    # full to the last block would stop what frees it: the meta write of a restart, the base
-    # state of a retention cut (it must be larger than that state). 0 = no reserve.
-    dleger_reserve_bytes: int = _key("dLegerReserveBytes", 8 * MIB)
 
     # --- broker semantics -------------------------------------------------------------------
     # Create an unknown topic on first send. (ours) off by default: a typo should not
@@ -379,7 +379,7 @@ _CHECKS = (
     _in_range("flush_interval_commit_log_ms", 1, 60_000),
     _in_range("sync_flush_timeout_ms", 1, 600_000),
     _in_range("mapped_file_size_commit_log", 4096, 1 << 40),
-    _in_range("dleger_reserve_bytes", 0, 1 << 30),
+    _in_range("disk_reserve_bytes", 0, 1 << 30),
     _in_range("maped_file_size_consume_queue", CQ_UNIT_BYTES, 1 << 34),
     _check_cq_size,
     _in_range("max_message_size", 1, 256 * MIB),

@@ -36,6 +36,7 @@ from node.store.fileio import FileSystem
 from node.store.message import MessageDraft, host_bytes
 from node.store.queue_offsets import QueueOffsetTable
 from node.store.recovery import RecoveryReport, recover
+from node.store.reserve import DiskReserve
 from node.store.retention import RetentionDecision, RetentionPolicy
 from node.wakeup import Wakeup
 
@@ -60,6 +61,7 @@ class LocalLogConfig:
     retention: RetentionPolicy = field(default_factory=RetentionPolicy)
     max_pending_sync_acks: int = 65_536         # appends awaiting an fsync; beyond, appenders wait
     refuse_check_interval_ms: int = 1000        # how stale the disk-usage ratio may be
+    reserve_bytes: int = 0                      # diskReserveBytes (node/store/reserve.py); 0 = none
 
     def validate(self) -> None:
         if self.segment_size_bytes < 4096:
@@ -75,6 +77,8 @@ class LocalLogConfig:
             raise LocalLogConfigError("store_port must be 1..65535")
         if self.max_pending_sync_acks <= 0:
             raise LocalLogConfigError("max_pending_sync_acks must be > 0")
+        if self.reserve_bytes < 0:
+            raise LocalLogConfigError("reserve_bytes must be >= 0")
         self.retention.validate()
 
 
@@ -107,6 +111,7 @@ class LocalLog:
         self._flusher: asyncio.Task | None = None
         self.disk = DiskGuard(fs, store_root, self.config.retention.disk_space_warning_level_ratio,
                               self.config.refuse_check_interval_ms)
+        self.reserve = DiskReserve(fs, store_root, self.config.reserve_bytes)
         self.fsyncs = 0
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -116,7 +121,10 @@ class LocalLog:
         abnormal = abort.exists(self.fs, self.store_root)
         self.commitlog.load()
         self.recovery = recover(self.commitlog, self.checkpoint_committed_offset, abnormal)
-        abort.create(self.fs, self.store_root)
+        # The first write of a start: on a disk full to the last block it takes the reserve's
+        # room, and the writes after it (checkpoint, configs) have that room too.
+        self.reserve.using(lambda: abort.create(self.fs, self.store_root), "the abort marker at start")
+        self.reserve.ensure()
         self._committed = self.commitlog.max_offset
         self._started = True
         loop_fn = self._group_commit_loop if self._sync else self._periodic_flush_loop
@@ -385,6 +393,8 @@ class LocalLog:
             ratio = self.disk.ratio()
             safe = min(self._committed, self.commitlog.flushed_offset)
             decision = self.commitlog.delete_expired(self.config.retention, now, ratio, safe_upto=safe)
+        if decision.delete_bases and not self.fs.exists(self.reserve.path):
+            self.reserve.ensure(freed=True)   # put back from the room the deletion made
         return decision
 
 

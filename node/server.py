@@ -171,7 +171,8 @@ def local_log_config(config: BrokerConfig) -> "LocalLogConfig":
                           flush_disk_type=config.flush_disk_type,
                           flush_interval_ms=config.flush_interval_commit_log_ms,
                           sync_flush_timeout_ms=config.sync_flush_timeout_ms,
-                          store_ip=config.broker_ip1, store_port=config.listen_port, retention=retention)
+                          store_ip=config.broker_ip1, store_port=config.listen_port, retention=retention,
+                          reserve_bytes=config.disk_reserve_bytes)
 
 
 def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:

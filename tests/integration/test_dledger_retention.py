@@ -163,11 +163,11 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
 def test_a_replica_whose_disk_is_full_to_the_last_block_still_cuts_by_giving_up_its_reserve(tmp_path, caplog):
     """Regression: a replica whose disk had no block left could not write the base state a cut
     needs first, so retention deleted nothing there and its disk stayed full for good. Now
-    the store's reserve (dLegerReserveBytes) is given up for that write and put back from
+    the store's reserve (diskReserveBytes) is given up for that write and put back from
     the room the cut makes. A replica without a reserve is the contrast: nothing deleted."""
     async def main():
         cfg = configs(tmp_path)
-        cfg["n2"] = dataclasses.replace(cfg["n2"], dleger_reserve_bytes=0)
+        cfg["n2"] = dataclasses.replace(cfg["n2"], disk_reserve_bytes=0)
         fs = {n: FaultyFileSystem(40 + k) for k, n in enumerate(IDS)}
         brokers = {n: build_broker(cfg[n], fs[n]) for n in IDS}
         for b in brokers.values():
@@ -177,7 +177,7 @@ def test_a_replica_whose_disk_is_full_to_the_last_block_still_cuts_by_giving_up_
             await brokers[lead].create_topic("T", 2)
             await send(brokers[lead], "T", 600, "a")
             await settled(brokers, IDS)
-            assert os.path.getsize(brokers["n0"].log.store.reserve_path) == cfg["n0"].dleger_reserve_bytes
+            assert os.path.getsize(brokers["n0"].log.store.reserve.path) == cfg["n0"].disk_reserve_bytes
             for n in ("n0", "n2"):
                 fs[n].write_budget_bytes = 0          # not one block left on these two disks
                 before = data_files(brokers[n])
@@ -186,7 +186,7 @@ def test_a_replica_whose_disk_is_full_to_the_last_block_still_cuts_by_giving_up_
                 if n == "n0":
                     assert len(after) <= len(before) - 3, "expired head files deleted on a full disk"
                     assert brokers[n].log.store.first_index() > 1
-                    assert os.path.getsize(brokers[n].log.store.reserve_path) == cfg[n].dleger_reserve_bytes
+                    assert os.path.getsize(brokers[n].log.store.reserve.path) == cfg[n].disk_reserve_bytes
                 else:
                     assert after == before, "no reserve: the base state cannot be written, nothing deleted"
             assert "reserve is given up" in caplog.text

@@ -18,6 +18,7 @@ from dledger.raft_storage import Compacted
 from node.store import layout as L
 from node.store.errors import StoreFatal
 from node.store.fileio import FaultyFileSystem
+from node.store.reserve import DiskReserve
 from node.store.message import MessageDraft, encode_record
 
 SEG = 4096
@@ -456,7 +457,8 @@ RESERVE = 8192
 
 
 def _with_reserve(fs, root, reserve=RESERVE) -> EntryStore:
-    s = EntryStore(fs, str(root), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG, reserve_bytes=reserve)
+    s = EntryStore(fs, str(root), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG,
+                   reserve=DiskReserve(fs, str(root), reserve))
     s.recover()
     return s
 
@@ -467,7 +469,7 @@ def test_a_disk_full_to_the_last_block_gives_up_the_reserve_for_a_cut_which_then
     from node.store.errors import DiskFull
     fs = FaultyFileSystem(26)
     s = _with_reserve(fs, tmp_path)
-    assert os.path.getsize(s.reserve_path) == RESERVE
+    assert os.path.getsize(s.reserve.path) == RESERVE
     s.append(mk(1, 60))
     s.flush()
     s.checkpoint(60)
@@ -475,9 +477,9 @@ def test_a_disk_full_to_the_last_block_gives_up_the_reserve_for_a_cut_which_then
     with pytest.raises(DiskFull):
         s.append(mk(61, 1))
     removed = s.compact_to(30, b"state")
-    assert removed and "the 8192-byte reserve is given up" in caplog.text
+    assert removed and "the 8192-byte reserve" in caplog.text and s.reserve.given_up == 1
     assert (s.first_index(), s.base_app_state) == (31, b"state")
-    assert os.path.getsize(s.reserve_path) == RESERVE, "put back from the room the cut made"
+    assert os.path.getsize(s.reserve.path) == RESERVE, "put back from the room the cut made"
     s, rep = reopen(s, fs, tmp_path)
     assert (rep.first_index, rep.last_index, s.base_app_state) == (31, 60, b"state")
     s.close()
@@ -492,32 +494,33 @@ def test_a_restart_on_a_full_disk_writes_meta_into_the_reserve_and_a_state_large
     s.checkpoint(60)
     s.close()
     fs.write_budget_bytes = 0
-    s = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG, reserve_bytes=RESERVE)
+    s = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG,
+                   reserve=DiskReserve(fs, str(tmp_path), RESERVE))
     rep = s.recover()                              # meta is rewritten at recovery: it needed the reserve
     assert (rep.first_index, rep.last_index) == (1, 60)
-    assert "meta at recovery" in caplog.text and not os.path.exists(s.reserve_path)
+    assert "meta at recovery" in caplog.text and s.reserve.given_up == 1 and not os.path.exists(s.reserve.path)
     files = sorted(os.listdir(s.data.directory))
     with pytest.raises(DiskFull, match="nothing deleted"):
         s.compact_to(30, b"q" * (2 * RESERVE))     # the reserve is spent and too small for this anyway
     assert (s.first_index(), sorted(os.listdir(s.data.directory))) == (1, files)
     assert s.compact_to(30, b"small")              # what the reserve left fits a small state
-    assert os.path.getsize(s.reserve_path) == RESERVE
+    assert os.path.getsize(s.reserve.path) == RESERVE
     s.close()
 
 
 def test_no_reserve_by_default_and_a_reserve_of_the_right_size_is_left_alone(tmp_path):
     fs = FaultyFileSystem(28)
     s = open_store(fs, tmp_path)
-    assert not os.path.exists(s.reserve_path)
+    assert not os.path.exists(s.reserve.path)
     s.close()
     s = _with_reserve(fs, tmp_path)
-    mtime = os.stat(s.reserve_path).st_mtime_ns
+    mtime = os.stat(s.reserve.path).st_mtime_ns
     s.close()
     s = _with_reserve(fs, tmp_path)
-    assert os.stat(s.reserve_path).st_mtime_ns == mtime
+    assert os.stat(s.reserve.path).st_mtime_ns == mtime
     s.close()
-    s = open_store(fs, tmp_path)                   # dLegerReserveBytes=0 now: the old one goes
-    assert not os.path.exists(s.reserve_path)
+    s = open_store(fs, tmp_path)                   # no reserve now (diskReserveBytes=0): the old one goes
+    assert not os.path.exists(s.reserve.path)
     s.close()
 
 

@@ -283,6 +283,37 @@ def test_retention_tick_deletes_expired_segments_and_min_offset_rises(tmp_path):
     run(go())
 
 
+def test_a_restart_on_a_disk_full_to_the_last_block_takes_the_reserve_and_retention_puts_it_back(tmp_path, caplog):
+    """Regression: a node whose disk had no block left could not start (the abort marker, its
+    first write, met ENOSPC), so its retention, which would have freed the disk, never ran."""
+    async def go():
+        c = cfg(retention=RetentionPolicy(file_reserved_time_hours=1, delete_when="04"), reserve_bytes=8192)
+        fs = FaultyFileSystem(7)
+        log = LocalLog(fs, str(tmp_path), c)
+        await log.start()
+        assert os.path.getsize(log.reserve.path) == 8192
+        for _ in range(4):
+            await log.append([msg(b"z" * 40_000)])
+        await log.stop()
+        fs.write_budget_bytes = 0                    # not one block left
+        with pytest.raises(OSError):                 # what happened before, and without a reserve
+            LocalLog(fs, str(tmp_path / "other"), cfg()).reserve.using(
+                lambda: abort.create(fs, str(tmp_path)), "a write with no reserve to give up")
+        log = LocalLog(fs, str(tmp_path), c)
+        await log.start()                            # the abort marker took the reserve's room
+        assert log.reserve.given_up == 1 and "the 8192-byte reserve" in caplog.text
+        assert not os.path.exists(log.reserve.path), "its room is left to the node until retention frees more"
+        at_four = datetime(2031, 3, 1, 4, 30)
+        old = (at_four - timedelta(hours=2)).timestamp()
+        for seg in log.commitlog.files.segments:
+            os.utime(seg.path, (old, old))
+        d = await log.retention_tick(at_four)
+        assert len(d.delete_bases) == 3
+        assert os.path.getsize(log.reserve.path) == 8192, "put back from the room the deletion made"
+        await log.stop()
+    run(go())
+
+
 def test_append_after_stop_raises(tmp_path):
     async def go():
         log = LocalLog(FileSystem(), str(tmp_path), cfg())

@@ -1,0 +1,91 @@
+"""A node restarts on a disk full to the last block, and serves what it holds.
+
+Goal: a standalone node and a (one-node) DLedger node, stopped, their disk then filled to 100 %
+by another file, start again: the first write of a start (the abort marker; DLedger's meta)
+takes the room of the store's reserve (`diskReserveBytes`), the node comes up and serves
+every message it held, and says that it gave the reserve up.
+Before, such a node did not start ("cannot start: [Errno 28] No space left on device"), so its
+own retention, which frees the disk, never ran.
+Method: real node processes (`python -m node`) whose store is a 64 MiB tmpfs mounted for the
+test, filled with `dd`. Needs root for the mount: without it the test FAILS with the reason
+(it is not skipped).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from mqstore import localcluster as lc
+from mqstore.localcluster import free_ports, http
+
+pytestmark = pytest.mark.slow
+TMPFS_MB = 64
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0755", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.fail(f"this test mounts a {TMPFS_MB} MiB tmpfs and needs root: {r.stderr.strip()}")
+    try:
+        yield str(mnt)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(path: str) -> None:
+    """Write zeros until the file system refuses the next byte (bounded by the disk's size)."""
+    fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for size in (1 << 20, 4096, 512, 1):       # big writes, then the last partial blocks
+            for _ in range((TMPFS_MB << 20) // size + 1):
+                try:
+                    if os.write(fd, bytes(size)) < size:
+                        break
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    st = os.statvfs(path)
+    assert st.f_bavail == 0, f"{st.f_bavail} blocks still free"
+
+
+@pytest.mark.parametrize("mode", ["standalone", "dledger"])
+def test_a_node_restarts_on_a_full_disk_and_serves_what_it_held(small_disk, tmp_path, mode):
+    api, raft = free_ports(2)
+    extra = ["mappedFileSizeCommitLog=4194304", "maxMessageSize=65536", "maxHashSlotNum=1000",
+             "maxIndexNum=4000", "autoCreateTopicEnable=true"]
+    if mode == "dledger":
+        extra += lc.dledger_lines("n0", "g", {"n0": raft}, {"n0": api})
+    conf = lc.write_conf(str(tmp_path / "broker.conf"),
+                         lc.node_lines(api, os.path.join(small_disk, "store"), extra))
+    node = lc.NodeProc(conf, api, str(tmp_path / "node1.log")).start()
+    try:
+        lc.wait_for(lambda: http(api, "GET", "/health")[1].get("role") in ("LEADER", "STANDALONE"),
+                    what="node serving")
+        st, _ = http(api, "POST", "/topics", {"topic": "T", "queues": 1})
+        assert st in (200, 201)
+        for i in range(3):
+            st, r = http(api, "POST", "/topics/T/messages", {"messages": [{"body": f"m{i}", "queue_id": 0}]})
+            assert st == 200 and r["results"][0]["status"] == "SEND_OK", r
+    finally:
+        node.stop()
+    _fill(small_disk)
+
+    node = lc.NodeProc(conf, api, str(tmp_path / "node2.log")).start()
+    try:
+        # DLedger: elected again, which takes storing a term and vote in the reserve's room.
+        lc.wait_for(lambda: http(api, "GET", "/health")[1].get("role") in ("LEADER", "STANDALONE"),
+                    what="node serving again")
+        st, r = http(api, "GET", "/topics/T/queues/0/messages?offset=0&max=8")
+        assert st == 200 and [m["body"] for m in r["messages"]] == ["m0", "m1", "m2"], (st, r)
+        log2 = open(tmp_path / "node2.log").read()
+        assert "-byte reserve" in log2 and "is given up for it" in log2
+    finally:
+        node.stop()
