@@ -164,7 +164,7 @@ class EntryStore:
         self.dir = os.path.join(root, f"dledger-{self_id}")
         # The node's reserve (node/store/reserve.py): given up for meta at recovery and for a
         # cut's base state on a disk full to the last block. None: no reserve.
-        self.reserve = reserve if reserve is not None else DiskReserve(fs, root, 0)
+        self.reserve = reserve
         self.data = SegmentedFile(fs, os.path.join(self.dir, "data"), data_segment_size)
         self.index = SegmentedFile(fs, os.path.join(self.dir, "index"), index_segment_size)
         self.meta_path = os.path.join(self.dir, "meta")
@@ -536,8 +536,8 @@ class EntryStore:
                                  f"(last {self._last_index}, fsynced {self._flushed_index}, durable {m.durable_mark})")
             base, nxt = self.entry_at(base_index), self.entry_at(base_index + 1)
             chain = int.from_bytes(self.data.read(base.pos + _CHAIN_AT, 4), "big")
-            self.reserve.using(lambda: self._write_base(base_index, base.term, nxt.pos, chain, app_state),
-                               f"the new base {base_index} of {self.dir} (state of {len(app_state)} bytes)")
+            self._reserved(lambda: self._write_base(base_index, base.term, nxt.pos, chain, app_state),
+                           f"the new base {base_index} of {self.dir} (state of {len(app_state)} bytes)")
             self.base_app_state = app_state
             self._remove_stale_states()
             removed = self.data.delete_head(nxt.pos) + self.index.delete_head((base_index + 1) * INDEX_SIZE)
@@ -548,8 +548,16 @@ class EntryStore:
                 self._cache_bytes -= sum(HEADER + len(e.body) for e in self._cache[:drop])
                 del self._cache[:drop], self._cache_pos[:drop]
         log.info("%s: compacted to base %d (pos %d): %d file(s) deleted", self.dir, base_index, nxt.pos, len(removed))
-        self.reserve.ensure(freed=True)
+        if self.reserve is not None:
+            self.reserve.ensure(freed=True)
         return removed
+
+    def _reserved(self, write, what: str) -> None:
+        """`write()`, with the node's reserve to give up if it meets a full disk."""
+        if self.reserve is None:
+            write()
+        else:
+            self.reserve.using(write, what)
 
     def _write_base(self, base_index: int, term: int, pos: int, chain: int, app_state: bytes) -> None:
         """The state file, then meta naming the new base. On failure meta, on disk and here,
@@ -631,8 +639,9 @@ class EntryStore:
         self._cut_tail(self.data, scan.end_pos)
         report.index_rebuilt_from = self._fix_index(scan)
         self._install_scan(scan)
-        self.reserve.using(self._write_meta, f"{self.meta_path} at recovery")
-        self.reserve.ensure()
+        self._reserved(self._write_meta, f"{self.meta_path} at recovery")
+        if self.reserve is not None:
+            self.reserve.ensure()
         report.seconds = time.monotonic() - t0
         self._log_report(report)
         return report

@@ -510,8 +510,8 @@ def test_a_restart_on_a_full_disk_writes_meta_into_the_reserve_and_a_state_large
 
 def test_no_reserve_by_default_and_a_reserve_of_the_right_size_is_left_alone(tmp_path):
     fs = FaultyFileSystem(28)
-    s = open_store(fs, tmp_path)
-    assert not os.path.exists(s.reserve.path)
+    s = open_store(fs, tmp_path)                   # no reserve given: none made
+    assert s.reserve is None and not os.path.exists(os.path.join(str(tmp_path), "reserve"))
     s.close()
     s = _with_reserve(fs, tmp_path)
     mtime = os.stat(s.reserve.path).st_mtime_ns
@@ -519,8 +519,10 @@ def test_no_reserve_by_default_and_a_reserve_of_the_right_size_is_left_alone(tmp
     s = _with_reserve(fs, tmp_path)
     assert os.stat(s.reserve.path).st_mtime_ns == mtime
     s.close()
-    s = open_store(fs, tmp_path)                   # no reserve now (diskReserveBytes=0): the old one goes
-    assert not os.path.exists(s.reserve.path)
+    s = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG,
+                   reserve=DiskReserve(fs, str(tmp_path), 0))
+    s.recover()                                    # diskReserveBytes=0 now: the old one goes
+    assert not os.path.exists(os.path.join(str(tmp_path), "reserve"))
     s.close()
 
 
