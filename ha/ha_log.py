@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import heapq
 import itertools
 import logging
@@ -37,7 +38,7 @@ from ha.shell import HAClient, HAService, now_ms
 from node.local_log import LocalLog, LocalLogConfig
 from node.replicated_log import PutResult, PutStatus, ScanBatch
 from node.store import layout as L
-from node.store.errors import CorruptRecord, NotLeader, StoreFatal
+from node.store.errors import CorruptRecord, DiskFull, NotLeader, StoreFatal
 from node.store.fileio import FileSystem
 from node.store.message import MessageDraft
 from node.wakeup import Wakeup
@@ -335,7 +336,13 @@ class HALog:
         seg = files.last()
         if seg is None or seg.remaining == 0:
             async with self.local.io_lock:   # creating a file is structure: not under a flush in progress
-                seg = files.ensure_writable(offset)
+                try:
+                    seg = files.ensure_writable(offset)
+                except OSError as e:
+                    if e.errno != errno.ENOSPC:
+                        raise
+                    raise DiskFull(f"slave disk full creating the file at {offset} (ENOSPC); "
+                                   f"replication resumes from there once space returns") from e
         if seg.end != offset or len(data) > seg.remaining:
             # The master never sends bytes across a segment: this is a peer with another segment size.
             raise HAProtocolError(f"push [{offset}, +{len(data)}) does not fit segment at {seg.base} "
@@ -343,6 +350,14 @@ class HALog:
         try:
             seg.append(data)
         except OSError as e:
+            if e.errno == errno.ENOSPC:
+                # A full disk pauses replication instead of stopping the node (as the master's
+                # own appends): what landed is cut away, durably, the link drops and the client
+                # asks for the same bytes again from `offset` after its backoff.
+                async with self.local.io_lock:
+                    files.truncate(offset)
+                raise DiskFull(f"slave disk full writing {len(data)} bytes at {offset} (ENOSPC); "
+                               f"replication resumes from there once space returns") from e
             self.local.fail(StoreFatal(f"slave append failed: {e}"))
             raise StoreFatal(f"slave append failed: {e}") from e
 

@@ -1,4 +1,5 @@
-"""A node restarts on a disk full to the last block, and serves what it holds.
+"""A node restarts on a disk full to the last block, and serves what it holds; a classic slave
+whose disk fills pauses replication and catches up once space returns.
 
 Goal: a standalone node and a (one-node) DLedger node, stopped, their disk then filled to 100 %
 by another file, start again: the first write of a start (the abort marker; DLedger's meta)
@@ -6,8 +7,11 @@ takes the room of the store's reserve (`diskReserveBytes`), the node comes up an
 every message it held, and says that it gave the reserve up.
 Before, such a node did not start ("cannot start: [Errno 28] No space left on device"), so its
 own retention, which frees the disk, never ran.
+A classic slave whose disk fills while the master writes stays up (it used to mark its log
+fatal, "the node must exit"): the refused pushes are cut away, replication pauses, and once
+the disk has room again the slave catches up to a byte-identical log.
 Method: real node processes (`python -m node`) whose store is a 64 MiB tmpfs mounted for the
-test, filled with `dd`. Needs root for the mount: without it the test FAILS with the reason
+test, filled with zeros. Needs root for the mount: without it the test FAILS with the reason
 (it is not skipped).
 """
 
@@ -25,18 +29,22 @@ pytestmark = pytest.mark.slow
 TMPFS_MB = 64
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
+def _mount(mnt: str) -> None:
+    os.makedirs(mnt, exist_ok=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0755", "tmpfs", str(mnt)],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.fail(f"this test mounts a {TMPFS_MB} MiB tmpfs and needs root: {r.stderr.strip()}")
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mnt = str(tmp_path / "disk")
+    _mount(mnt)
     try:
-        yield str(mnt)
+        yield mnt
     finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        subprocess.run(["umount", "-l", mnt], capture_output=True)
 
 
 def _fill(path: str) -> None:
@@ -89,3 +97,35 @@ def test_a_node_restarts_on_a_full_disk_and_serves_what_it_held(small_disk, tmp_
         assert "-byte reserve" in log2 and "is given up for it" in log2
     finally:
         node.stop()
+
+
+def test_a_classic_slave_whose_disk_fills_pauses_and_catches_up(tmp_path):
+    from tests.integration.test_ha_processes import TOPIC, Group, _bring_up, _commitlog_bytes
+    g = Group(str(tmp_path), "ASYNC_MASTER")
+    store1 = os.path.join(g.tmp, "store1")
+    _mount(store1)                                   # the slave's store: a small disk
+    try:
+        g.extra_lines = {0: ["mappedFileSizeCommitLog=4194304"], 1: ["mappedFileSizeCommitLog=4194304"]}
+        _bring_up(g)
+        assert g.send(0, 0) == "SEND_OK"
+        lc.wait_for(lambda: g.health(1)["committed_offset"] == g.health(0)["committed_offset"], what="slave in step")
+        _fill(store1)
+        pid1 = g.procs["b1"].pid
+        body = "z" * 60_000
+        for i in range(40):                          # 2.4 MB the slave has no room for
+            st, r = http(g.api[0], "POST", f"/topics/{TOPIC}/messages",
+                         {"messages": [{"body": f"m{1 + i:06d}{body}", "queue_id": 0}]})
+            assert st == 200 and r["results"][0]["status"] == "SEND_OK", r
+        lc.wait_for(lambda: "slave disk full" in open(os.path.join(g.tmp, "b1.log")).read(), timeout=15,
+                    what="the slave refuses the pushes it has no room for")
+        assert g.procs["b1"].proc.poll() is None and g.health(1).get("status") == "UP", "the slave stays up"
+        assert g.health(1)["committed_offset"] < g.health(0)["committed_offset"]
+        os.remove(os.path.join(store1, "filler"))    # space returns
+        end = g.health(0)["committed_offset"]
+        lc.wait_for(lambda: g.health(1)["committed_offset"] == end, timeout=30, what="slave caught up")
+        assert g.procs["b1"].pid == pid1
+        assert _commitlog_bytes(os.path.join(g.tmp, "store0"), end) == _commitlog_bytes(store1, end)
+        assert "the node must exit" not in open(os.path.join(g.tmp, "b1.log")).read()
+    finally:
+        g.stop_all()
+        subprocess.run(["umount", "-l", store1], capture_output=True)

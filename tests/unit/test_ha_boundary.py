@@ -88,3 +88,43 @@ def test_bad_record_header_from_the_master_is_corruption(tmp_path):
             s.ha_settle()
         await s.stop()
     asyncio.run(main())
+
+
+def test_a_slave_whose_disk_fills_pauses_replication_and_resumes_where_it_stopped(tmp_path):
+    """Regression: a push that met ENOSPC on the slave marked its log fatal ("the node must
+    exit"). Now what landed is cut away, DiskFull (retriable) drops the link, the slave stays
+    up, and the same bytes are taken from the same offset once space returns."""
+    from node.store.errors import DiskFull
+    from node.store.fileio import FaultyFileSystem
+    rng = random.Random(3)
+
+    async def main():
+        m = log(tmp_path / "m", MASTER)
+        await m.start()
+        for i in range(0, 40, 4):
+            await m.append([draft(rng, i + k) for k in range(4)])
+        end = min(m.commitlog.max_offset, SEG)
+        fs = FaultyFileSystem(5)
+        cfg = LocalLogConfig(segment_size_bytes=SEG, flush_disk_type=ASYNC_FLUSH, refuse_check_interval_ms=0)
+        s = HALog(fs, str(tmp_path / "s"), cfg, HALogConfig(broker_id=1, initial_role=SLAVE, controller_mode=True,
+                                                             ha_listen_host="127.0.0.1", ha_listen_port=0))
+        await s.start()
+        half = end // 2
+        await s._append_raw(0, m.ha_read(0, half))
+        s.ha_settle()
+        fs.short_write_bytes = 100                      # the next write stores 100 bytes, then ENOSPC
+        with pytest.raises(DiskFull, match="resumes from there"):
+            await s._append_raw(half, m.ha_read(half, end - half))
+        assert s.ha_max_offset() == half, "what landed of the refused push is cut away"
+        assert s.local.fatal is None, "a full disk is not fatal"
+        fs.write_budget_bytes = 0                       # no room at all: refused again, nothing lands
+        with pytest.raises(DiskFull):
+            await s._append_raw(half, m.ha_read(half, end - half))
+        assert s.ha_max_offset() == half
+        fs.write_budget_bytes = None                    # space returns: the same push from the same offset
+        await s._append_raw(half, m.ha_read(half, end - half))
+        s.ha_settle()
+        assert s.ha_max_offset() == end and s.commitlog.files.read(0, end) == m.ha_read(0, end)
+        await s.stop()
+        await m.stop()
+    asyncio.run(main())
