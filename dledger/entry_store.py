@@ -33,7 +33,6 @@ neither votes nor campaigns until the log is back there.
 from __future__ import annotations
 
 import bisect
-import errno
 import json
 import logging
 import operator
@@ -49,7 +48,7 @@ from dledger.raft_storage import Compacted
 from dledger.repair import damaged_body
 from node.store import layout as L
 from node.store.crc import crc32 as _crc32
-from node.store.errors import CorruptRecord, DiskFull, StoreError, StoreFatal
+from node.store.errors import CorruptRecord, DiskFull, StoreError, StoreFatal, is_enospc
 from node.store.fileio import FileSystem
 from node.store.reserve import DiskReserve
 from node.store.segment import SegmentedFile
@@ -332,7 +331,7 @@ class EntryStore:
             self._write_meta()
         except StoreFatal as e:
             m.term, m.voted_for, m.needs_catchup_to = before
-            if not _is_enospc(e):
+            if not is_enospc(e):
                 raise
             raise DiskFull(f"disk full writing {self.meta_path} (ENOSPC); term {hs.term} and vote "
                            f"{hs.voted_for} not stored") from e.__cause__
@@ -346,7 +345,7 @@ class EntryStore:
         try:
             return self._append(entries)
         except StoreFatal as e:
-            if not _is_enospc(e):
+            if not is_enospc(e):
                 raise
             self._undo_append()
             raise DiskFull(f"disk full writing {self.dir} (ENOSPC); entries {entries[0].index}.."
@@ -445,7 +444,7 @@ class EntryStore:
         try:
             self._write_meta()
         except StoreFatal as e:
-            if not _is_enospc(e):
+            if not is_enospc(e):
                 raise
             # The durable mark on disk stays at its last value, which is still true (recovery
             # then checks less); the next meta write carries the new one. (A term or vote that
@@ -570,7 +569,7 @@ class EntryStore:
             self._write_meta()
         except StoreFatal as e:
             m.base_index, m.base_term, m.base_pos, m.base_chain = before
-            if not _is_enospc(e):
+            if not is_enospc(e):
                 raise
             raise DiskFull(f"disk full writing the new base {base_index} of {self.dir}; nothing deleted") \
                 from e.__cause__
@@ -1002,11 +1001,6 @@ def _parse_base_state(raw: bytes, what: str) -> tuple[int, bytes]:
     if pos < 0 or _crc32(app) != crc:
         raise StoreFatal(f"{what} is damaged (pos {pos}, crc mismatch: {_crc32(app) != crc})")
     return pos, app
-
-
-def _is_enospc(e: StoreFatal) -> bool:
-    """A write that failed for want of space (the store wraps the OSError it met)."""
-    return isinstance(e.__cause__, OSError) and e.__cause__.errno == errno.ENOSPC
 
 
 def _within_budget(entries: list[Entry], max_bytes: int) -> list[Entry]:

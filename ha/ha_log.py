@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import heapq
 import itertools
 import logging
@@ -38,7 +37,7 @@ from ha.shell import HAClient, HAService, now_ms
 from node.local_log import LocalLog, LocalLogConfig
 from node.replicated_log import PutResult, PutStatus, ScanBatch
 from node.store import layout as L
-from node.store.errors import CorruptRecord, DiskFull, NotLeader, StoreFatal
+from node.store.errors import CorruptRecord, DiskFull, NotLeader, StoreFatal, is_enospc
 from node.store.fileio import FileSystem
 from node.store.message import MessageDraft
 from node.wakeup import Wakeup
@@ -339,7 +338,7 @@ class HALog:
                 try:
                     seg = files.ensure_writable(offset)
                 except OSError as e:
-                    if e.errno != errno.ENOSPC:
+                    if not is_enospc(e):
                         raise
                     raise DiskFull(f"slave disk full creating the file at {offset} (ENOSPC); "
                                    f"replication resumes from there once space returns") from e
@@ -350,7 +349,7 @@ class HALog:
         try:
             seg.append(data)
         except OSError as e:
-            if e.errno == errno.ENOSPC:
+            if is_enospc(e):
                 # A full disk pauses replication instead of stopping the node (as the master's
                 # own appends): what landed is cut away, durably, the link drops and the client
                 # asks for the same bytes again from `offset` after its backoff.

@@ -393,7 +393,7 @@ class LocalLog:
             ratio = self.disk.ratio()
             safe = min(self._committed, self.commitlog.flushed_offset)
             decision = self.commitlog.delete_expired(self.config.retention, now, ratio, safe_upto=safe)
-        if decision.delete_bases and not self.fs.exists(self.reserve.path):
+        if decision.delete_bases:
             self.reserve.ensure(freed=True)   # put back from the room the deletion made
         return decision
 

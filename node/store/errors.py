@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 class StoreError(Exception):
     """Base of store errors. `code` is the REST error code; `retriable` says whether to retry."""
@@ -93,3 +95,11 @@ class ApplyTimeout(StoreError):
     code = "SYSTEM_BUSY"
     retriable = True
     http_status = 503
+
+
+def is_enospc(e: BaseException) -> bool:
+    """A write that failed for want of space: the OSError itself, or the one a store error wraps."""
+    for err in (e, e.__cause__):
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+            return True
+    return False

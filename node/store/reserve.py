@@ -12,24 +12,16 @@ up, the reserve comes back only after retention has deleted files, not at the ne
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from typing import Callable
 
+from node.store.errors import is_enospc
 from node.store.fileio import FileSystem
 
 log = logging.getLogger(__name__)
 
 RESERVE_FILE = "reserve"
-
-
-def is_enospc(e: BaseException) -> bool:
-    """A write that failed for want of space: the OSError itself, or the one a store error wraps."""
-    for err in (e, e.__cause__):
-        if isinstance(err, OSError) and err.errno == errno.ENOSPC:
-            return True
-    return False
 
 
 class DiskReserve:
