@@ -8,7 +8,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 SEEDS   ?= 1000
 RUN_DIR ?= /tmp/mqstore-run
 
-.PHONY: install sysdeps run test test-fast bench sim up drill down clean image test-docker fuzz
+.PHONY: install sysdeps run test test-fast bench sim soak up drill down clean image test-docker fuzz
 
 install: $(STAMP) sysdeps
 
@@ -48,6 +48,13 @@ bench: install        ## benchmarks, JSON on stdout (NATS JetStream anchors need
 
 sim: install          ## deterministic simulation over many seeds
 	$(BIN)/python -m tests.sim.run --seeds $(SEEDS)
+
+SOAK_SEEDS   ?= 5
+SOAK_START   ?= 1
+SOAK_SECONDS ?= 60
+soak: install         ## seeded random faults on real processes, a 3-node DLedger group then a classic HA group (SOAK_SEEDS x SOAK_SECONDS each), then every safety check
+	$(BIN)/python -m tests.integration.nemesis --seeds $(SOAK_SEEDS) --start $(SOAK_START) --seconds $(SOAK_SECONDS) --keep $(RUN_DIR)-soak
+	$(BIN)/python -m tests.integration.ha_nemesis --seeds $(SOAK_SEEDS) --start $(SOAK_START) --seconds $(SOAK_SECONDS) --keep $(RUN_DIR)-soak
 
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?= message dledger_entry entry_store consume_queue index_file ha_protocol raft_codec raft_transport rest_api rest_app produce_stream

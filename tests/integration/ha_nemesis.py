@@ -1,0 +1,412 @@
+"""Seeded random faults against a real classic HA group, then every safety check.
+
+    python -m tests.integration.ha_nemesis --seeds 5 [--start 1] [--seconds 60] [--keep DIR]
+
+The group: controllers c0..c2 (pysyncobj) and brokers b0, b1 of broker-b, SYNC_MASTER with
+allAckInSyncStateSet=true and minInSyncReplicas=1 (the shape of docs/deploy.md). Each broker
+binds its own loopback address (127.0.0.11, 127.0.0.12) and is reached at 127.0.0.1 through
+the fault proxy (deploy.faultproxy): its API ("api-b0", never cut), its HA port ("ha-b0",
+what a slave of b0 connects to) and its own way to each controller ("b0>c1"). Fault kinds
+(nemesis.schedule; target "leader" is the master, "other" the slave):
+
+    kill9               kill -9 of the broker, started again when the step ends
+    sigstop             SIGSTOP, then SIGCONT
+    cut_controllers     the broker's links to every controller cut (blackhole or drop)
+    cut_ha              the link into the broker's HA port cut: a slave of it gets nothing
+    delay_ha            that link delayed 50-600 ms
+    kill9_controller    kill -9 of a controller (the leader for target "leader"), restarted
+    sigstop_controller  SIGSTOP, then SIGCONT, of a controller
+    kill_all            kill -9 of both brokers, then both started again
+
+Client threads send unique messages to the master (dledger_harness.Workload): SEND_OK is
+acked; FLUSH_SLAVE_TIMEOUT and SLAVE_NOT_AVAILABLE were stored on the master alone, so their
+outcome is unknown; a refusal before anything was stored is failed. A monitor polls each
+broker's /cluster: no two brokers may claim MASTER at one epoch.
+
+Checked once every fault is undone: a master takes writes within LIVENESS_S, the slave
+rejoins the SyncStateSet and catches up, every process stops cleanly; then, on the stopped
+stores, identical commitlog bytes, every acked message exactly once at its acked place on
+both, nothing failed visible, dense queue offsets, consume queues equal to a rebuild.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+
+from deploy.faultproxy import ProxyHub
+from mqstore import localcluster as lc
+from mqstore.localcluster import free_ports
+from mqstore.localcluster import get_ok as try_http
+from tests.integration.dledger_harness import (ACKED, FAILED, SMALL_FILES, Attempt, Workload,
+                                               compare_consume_queues)
+from tests.integration.nemesis import MONITOR_PERIOD_S, Fault, Nemesis, schedule
+
+BROKERS = ("b0", "b1")
+CONTROLLERS = ("c0", "c1", "c2")
+HA_KINDS = ("kill9", "sigstop", "cut_controllers", "cut_ha", "delay_ha", "kill9_controller", "sigstop_controller")
+HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1)
+CONTROLLER_HEARTBEAT_TIMEOUT_MS = 3000
+LIVENESS_S = 45.0        # after the last fault: a master's first SEND_OK within this
+CONVERGE_S = 60.0        # ... and the slave back in the SyncStateSet, caught up, within this
+
+
+class BrokerProc(lc.Proc):
+    def __init__(self, node_id: str, api: str, conf: str, log_path: str, store_dir: str):
+        super().__init__(lc.node_argv(conf), log_path, node_id)
+        self.node_id, self.api, self.store_dir = node_id, api, store_dir
+
+
+class ClassicGroup:
+    """Three controllers and two brokers, every broker link through the fault proxy. Offers
+    what dledger_harness.Workload and nemesis.Nemesis use of a group: ids, nodes, apis,
+    leader(), describe(), heal(), stop_all()."""
+
+    def __init__(self, root: str):
+        os.makedirs(root, exist_ok=True)
+        self.root, self.ids = root, BROKERS
+        self.hub = ProxyHub()
+        p = free_ports(10)
+        ctl_api, ctl_raft = p[0:3], p[3:6]
+        self.ctl_api = dict(zip(CONTROLLERS, ctl_api))
+        self.controllers: dict[str, lc.Proc] = {}
+        for i, c in enumerate(CONTROLLERS):
+            others = [j for j in range(3) if j != i]
+            argv = lc.controller_argv(ctl_api[i], ctl_raft[i], os.path.join(root, c),
+                                      peers=[f"127.0.0.1:{ctl_raft[j]}" for j in others],
+                                      peer_apis=[f"127.0.0.1:{ctl_api[j]}" for j in others],
+                                      heartbeat_timeout_ms=CONTROLLER_HEARTBEAT_TIMEOUT_MS)
+            self.controllers[c] = lc.Proc(argv, os.path.join(root, f"{c}.log"), c)
+        self.nodes: dict[str, BrokerProc] = {}
+        for k, b in enumerate(BROKERS):
+            host, api, ha = f"127.0.0.{11 + k}", p[6 + k], p[8 + k]
+            self.hub.add(f"api-{b}", (host, api), listen=("127.0.0.1", api))
+            self.hub.add(f"ha-{b}", (host, ha), listen=("127.0.0.1", ha))
+            ctl = ";".join(f"127.0.0.1:{self.hub.add(f'{b}>{c}', ('127.0.0.1', self.ctl_api[c]))}"
+                           for c in CONTROLLERS)
+            store = os.path.join(root, f"store-{b}")
+            conf = lc.write_conf(os.path.join(root, f"{b}.conf"), [
+                *SMALL_FILES, f"listenPort={api}", f"bindAddress={host}", "brokerIP1=127.0.0.1",
+                f"storePathRootDir={store}", "brokerClusterName=ha-nemesis", "brokerName=broker-b",
+                *lc.classic_lines(k, "SYNC_MASTER", ha, ctl), "allAckInSyncStateSet=true", "minInSyncReplicas=1",
+                "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
+            self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
+
+    @property
+    def apis(self) -> list[str]:
+        return [n.api for n in self.nodes.values()]
+
+    # --- start and look -------------------------------------------------------------------
+    def start(self) -> None:
+        for c in self.controllers.values():
+            c.start()
+        lc.wait_for(lambda: self.controller_leader() is not None, 30, "a controller leader")
+        self.nodes["b0"].start()
+        lc.wait_for(lambda: self._role("b0") == "MASTER", 30, "b0 master")
+        self.nodes["b1"].start()
+        self.wait_in_sync(CONVERGE_S)
+
+    def controller_leader(self) -> str | None:
+        for c, proc in self.controllers.items():
+            if proc.running and not proc.stopped:
+                doc = try_http(f"127.0.0.1:{self.ctl_api[c]}", "/health", 0.5)
+                if doc and doc.get("role") == "LEADER":
+                    return c
+        return None
+
+    def sync_state_set(self) -> list[int] | None:
+        c = self.controller_leader()
+        doc = try_http(f"127.0.0.1:{self.ctl_api[c]}", "/groups/broker-b/sync-state-set", 0.5) if c else None
+        return sorted(doc.get("sync_state_set") or []) if doc else None
+
+    def _doc(self, b: str) -> dict | None:
+        n = self.nodes[b]
+        return try_http(n.api, "/cluster", 0.5) if n.running and not n.stopped else None
+
+    def _role(self, b: str) -> str | None:
+        return (self._doc(b) or {}).get("role")
+
+    def leader(self, timeout_s: float = 15.0) -> str:
+        """The broker that is MASTER and accepts writes (waits for one)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for b in BROKERS:
+                doc = self._doc(b)
+                if doc and doc.get("role") == "MASTER" and (doc.get("log") or {}).get("accepting_writes"):
+                    return b
+            time.sleep(0.05)
+        raise AssertionError("no master accepting writes in time:\n" + self.describe())
+
+    def wait_in_sync(self, timeout_s: float) -> None:
+        """A master, the other broker its slave in the SyncStateSet, both at one committed offset."""
+        def in_sync() -> bool:
+            docs = {b: self._doc(b) for b in BROKERS}
+            if not all(docs.values()):
+                return False
+            roles = sorted(d["role"] for d in docs.values())
+            offsets = {d["committed_offset"] for d in docs.values()}
+            return roles == ["MASTER", "SLAVE"] and len(offsets) == 1 and self.sync_state_set() == [0, 1]
+        try:
+            lc.wait_for(in_sync, timeout_s, "master and slave in sync")
+        except lc.ClusterError:
+            raise AssertionError("brokers did not get back in sync:\n" + self.describe()) from None
+
+    def describe(self) -> str:
+        out = []
+        for b in BROKERS:
+            n, doc = self.nodes[b], self._doc(b) or {}
+            lg = doc.get("log") or {}
+            out.append(f"{b}: running={n.running} stopped={n.stopped} role={doc.get('role')} "
+                       f"epoch={lg.get('master_epoch')} committed={doc.get('committed_offset')} "
+                       f"accepting={lg.get('accepting_writes')}")
+        out.append(f"controller leader={self.controller_leader()} sync_state_set={self.sync_state_set()}")
+        return "\n".join(out)
+
+    # --- faults ---------------------------------------------------------------------------
+    def heal(self) -> None:
+        self.hub.heal("*")
+
+    def stop_all(self, sig: str = "TERM") -> dict[str, int | None]:
+        """The brokers only (controllers: stop_controllers)."""
+        codes: dict[str, int | None] = {}
+        for b, n in self.nodes.items():
+            if n.proc is None:
+                continue
+            if sig == "KILL":
+                n.kill9()
+                codes[b] = n.returncode
+            elif n.running:
+                codes[b] = n.terminate()
+        return codes
+
+    def stop_controllers(self) -> None:
+        for c in self.controllers.values():
+            c.stop(10)
+
+    def close(self) -> None:
+        for p in [*self.nodes.values(), *self.controllers.values()]:
+            if p.running:
+                p.kill9()
+        self.hub.close()
+
+
+class ClassicNemesis(Nemesis):
+    def current_leader(self) -> str | None:
+        try:
+            return self.cluster.leader(timeout_s=2.0)
+        except AssertionError:
+            return None
+
+    def _apply(self, f: Fault, node: str, used: list[str]):
+        g: ClassicGroup = self.cluster
+        if f.kind in ("kill9_controller", "sigstop_controller"):
+            leader = g.controller_leader()
+            c = leader if f.target == "leader" and leader else self.rng.choice(CONTROLLERS)
+            proc = g.controllers[c]
+            if f.kind == "kill9_controller":
+                proc.kill9()
+                self.applied.append(f"{self._now()} {f.kind} {c}")
+                return proc.start
+            proc.sigstop()
+            self.applied.append(f"{self._now()} {f.kind} {c}")
+            return proc.cont
+        if f.kind in ("kill9", "sigstop"):
+            return super()._apply(f, node, used)
+        what = f"{self._now()} {f.kind} {node}"
+        if f.kind == "cut_controllers":
+            g.hub.set(f"{node}>*", "both", f.mode)
+            self.applied.append(f"{what} {f.mode}")
+        elif f.kind == "cut_ha":
+            g.hub.set(f"ha-{node}", "both", f.mode)
+            self.applied.append(f"{what} {f.mode}")
+        elif f.kind == "delay_ha":
+            g.hub.set(f"ha-{node}", "both", "delay", int(f.mode))
+            self.applied.append(f"{what} {f.mode} ms")
+        else:
+            raise ValueError(f"unknown fault kind {f.kind!r}")
+        return g.heal
+
+    def heal_all(self) -> None:
+        super().heal_all()
+        for c in self.cluster.controllers.values():
+            if c.stopped:
+                c.cont()
+            if not c.running:
+                c.start()
+
+
+class MasterMonitor:
+    """Polls every live broker's /cluster; remembers which brokers claimed MASTER at each epoch."""
+
+    def __init__(self, group: ClassicGroup):
+        self.group = group
+        self.claims: dict[int, set[str]] = collections.defaultdict(set)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="master-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(MONITOR_PERIOD_S):
+            for b in BROKERS:
+                doc = self.group._doc(b)
+                lg = (doc or {}).get("log") or {}
+                if doc and doc.get("role") == "MASTER" and lg.get("master_epoch") is not None:
+                    self.claims[int(lg["master_epoch"])].add(b)
+
+    def split_epochs(self) -> dict[int, list[str]]:
+        return {e: sorted(ids) for e, ids in self.claims.items() if len(ids) > 1}
+
+
+# --- offline checks --------------------------------------------------------------------------
+def _commitlog(store_dir: str) -> tuple[list[tuple], int]:
+    """(topic, queue_id, queue_offset, commitlog_offset, body) of every record, and the data end."""
+    from pipeline import parsers as P
+    F = P.MESSAGE_FIELD
+    rows, end = [], 0
+    for seg in P.list_segments(store_dir):
+        report = P.ParseReport()
+        for m in P.parse_commitlog_segment(seg.path, seg.base_offset, report=report):
+            rows.append((m[F["topic"]], m[F["queue_id"]], m[F["queue_offset"]], m[F["commitlog_offset"]],
+                         bytes(m[F["body"]]).decode("utf-8", "replace")))
+            end = m[F["commitlog_offset"]] + m[F["size"]]
+        assert report.end_reason != P.END_CORRUPT, f"{seg.path}: corrupt: {report.__dict__}"
+    return rows, end
+
+
+def _raw(store_dir: str, end: int) -> bytes:
+    d = os.path.join(store_dir, "commitlog")
+    data = bytearray()
+    for name in sorted(os.listdir(d)):
+        if len(data) >= end:
+            break
+        with open(os.path.join(d, name), "rb") as f:
+            data += f.read(end - len(data))
+    return bytes(data)
+
+
+def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> dict:
+    logs = {b: _commitlog(n.store_dir) for b, n in group.nodes.items()}
+    ends = {b: end for b, (_, end) in logs.items()}
+    assert len(set(ends.values())) == 1, f"commitlog ends differ after catching up: {ends}"
+    end = ends["b0"]
+    assert _raw(group.nodes["b0"].store_dir, end) == _raw(group.nodes["b1"].store_dir, end), \
+        "the brokers' commitlog bytes differ"
+    by_body = {a.body: a for a in attempts}
+    for b, (rows, _) in logs.items():
+        seen: dict[str, list[tuple]] = collections.defaultdict(list)
+        per_queue: dict[int, list[int]] = collections.defaultdict(list)
+        for t, qid, qoff, phys, body in rows:
+            if t == topic:
+                seen[body].append((qid, qoff, phys))
+                per_queue[qid].append(qoff)
+        dups = {k: v for k, v in seen.items() if len(v) > 1}
+        assert not dups, f"{b}: messages stored more than once: {list(dups.items())[:5]}"
+        stray = [k for k in seen if k not in by_body]
+        assert not stray, f"{b}: messages nobody sent: {stray[:5]}"
+        for qid, offs in per_queue.items():
+            assert sorted(offs) == list(range(len(offs))), f"{b}: queue {qid} offsets not dense and unique"
+        lost = [a for a in attempts if a.outcome == ACKED and seen.get(a.body) != [(a.queue_id, a.queue_offset,
+                                                                                   a.commitlog_offset)]]
+        assert not lost, f"{b}: {len(lost)} acked messages missing or moved, e.g. " + \
+            "; ".join(f"{a} stored as {seen.get(a.body)}" for a in lost[:3])
+        visible = [a for a in attempts if a.outcome == FAILED and a.body in seen]
+        assert not visible, f"{b}: failed sends visible: {visible[:3]}"
+    for n in group.nodes.values():
+        compare_consume_queues(n.store_dir, None)
+    outcomes = collections.Counter(a.outcome for a in attempts)
+    return {"commitlog_bytes": end, "acked": outcomes[ACKED], "failed": outcomes[FAILED],
+            "unknown": len(attempts) - outcomes[ACKED] - outcomes[FAILED],
+            "unknown_visible": sum(1 for a in attempts if a.outcome not in (ACKED, FAILED)
+                                   and a.body in {r[4] for r in logs["b0"][0]})}
+
+
+def run_seed(seed: int, seconds: float, root: str) -> dict:
+    steps = schedule(seed, seconds, HA_KINDS, HA_WEIGHTS)
+    group = ClassicGroup(os.path.join(root, "group"))
+    workload = monitor = nemesis = None
+    try:
+        group.start()
+        workload = Workload(group, topic="HaChaos", max_attempts=400_000, max_s=seconds + LIVENESS_S + 180)
+        workload.create_topic()
+        workload.start()
+        workload.wait_acks(50)
+        monitor = MasterMonitor(group)
+        monitor.start()
+        nemesis = ClassicNemesis(group, random.Random(seed))
+        nemesis.run(steps, time.monotonic() + 2 * seconds)
+        nemesis.heal_all()
+        healed_at = time.monotonic()
+        workload.wait_acks(50, after=healed_at, timeout_s=LIVENESS_S)
+        liveness_s = workload.failover_s(healed_at)
+        group.wait_in_sync(CONVERGE_S)
+        workload.stop()
+        monitor.stop()
+        split = monitor.split_epochs()
+        assert not split, f"two masters at one epoch: {split}"
+        group.wait_in_sync(CONVERGE_S)
+        codes = group.stop_all("TERM")
+        assert all(c == 0 for c in codes.values()), f"exit codes {codes}"
+        group.stop_controllers()
+        attempts = workload.snapshot()
+        figures = verify_classic(group, attempts, workload.topic)
+    except BaseException as e:
+        if workload is not None:
+            workload.halt()
+        if monitor is not None:
+            monitor.stop()
+        applied = "\n".join(nemesis.applied) if nemesis else "(none)"
+        summary = workload.summary() if workload is not None else ""
+        raise AssertionError(f"HA nemesis seed {seed} ({seconds} s) failed: {e}\nsteps applied:\n{applied}\n"
+                             f"{summary}\n{group.describe()}") from e
+    finally:
+        group.close()
+    figures.update({"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
+                    "epochs_seen": len(monitor.claims), "attempts": len(attempts),
+                    "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
+                                                         if a.outcome != ACKED).most_common(6)),
+                    "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))})
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.integration.ha_nemesis",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3, help="how many seeds")
+    p.add_argument("--start", type=int, default=1, help="first seed")
+    p.add_argument("--seconds", type=float, default=60.0, help="faults per seed, seconds of hold and rest")
+    p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
+    args = p.parse_args(argv)
+    failed = 0
+    for seed in range(args.start, args.start + args.seeds):
+        root = tempfile.mkdtemp(prefix=f"ha-nemesis-{seed}-")
+        try:
+            print(json.dumps({"ok": True, **run_seed(seed, args.seconds, root)}), flush=True)
+            shutil.rmtree(root, ignore_errors=True)
+        except AssertionError as e:
+            failed += 1
+            print(json.dumps({"ok": False, "seed": seed, "error": str(e)[:4000]}), flush=True)
+            if args.keep:
+                os.makedirs(args.keep, exist_ok=True)
+                shutil.move(root, os.path.join(args.keep, f"ha-seed-{seed}"))
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps({"seeds": args.seeds, "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

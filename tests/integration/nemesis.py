@@ -1,0 +1,305 @@
+"""Seeded random faults against a real 3-node DLedger group, then every safety check.
+
+    python -m tests.integration.nemesis --seeds 5 [--start 1] [--seconds 60] [--keep DIR]
+
+One seed gives one schedule (`schedule`): steps of one fault, or two at once on different
+nodes (the group may then have no majority), each held for a while and then undone, with a
+rest between steps. Faults:
+
+    kill9     kill -9; the node is started again when the step ends (recovery from a crash)
+    sigstop   SIGSTOP, then SIGCONT (a paused process: a GC pause, a stalled VM)
+    isolate   the node's Raft links through the fault proxy: blackhole or drop, in, out or
+              both ways (one-way partitions included)
+    bridge    the node cut from one peer only; both still reach the third (a bridge partition)
+    delay     every Raft link of the node delayed 50-600 ms (a slow network, a slow node)
+    kill_all  kill -9 of every node at once, then all started again (rare)
+
+Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
+unique messages throughout (dledger_harness.Workload), and a monitor polls each node's
+/cluster for the leader it claims to be.
+
+Checked: no two nodes ever claim leadership of one term; once the last step is undone a
+leader takes writes within LIVENESS_S; every process stops cleanly; then, on the stopped
+stores, every acked message exactly once at its acked place on every replica, no refused
+send visible, byte-identical committed entries, consume queues equal to a rebuild
+(dledger_harness.verify_stores). Real processes make timing differ between runs of one
+seed: the schedule replays, the interleaving may not; each run prints the steps it applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from mqstore.localcluster import get_ok as try_http
+from tests.integration.dledger_harness import ACKED, DLedgerCluster, Workload, verify_stores
+
+KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay")
+KIND_WEIGHTS = (3, 2, 3, 2, 1)
+KILL_ALL_P = 0.05          # share of steps that kill every node at once
+TWO_FAULTS_P = 0.25        # share of steps with two faults on different nodes
+LEADER_P = 0.6             # a step's first fault hits the leader this often
+HOLD_S = (0.3, 3.0)        # a fault lasts this long (uniform)
+REST_S = (0.3, 1.5)        # quiet time after a step
+DELAYS_MS = (50, 200, 600)
+LIVENESS_S = 30.0          # after the last step: the first ack within this
+MONITOR_PERIOD_S = 0.1
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    target: str              # "leader" | "other" | "all"
+    mode: str = ""           # isolate/bridge: blackhole | drop; delay: milliseconds
+    way: str = "both"        # isolate: in | out | both
+
+
+@dataclass(frozen=True)
+class Step:
+    faults: tuple[Fault, ...]
+    hold_s: float
+    rest_s: float
+
+
+def schedule(seed: int, seconds: float, kinds: tuple[str, ...] = KINDS,
+             weights: tuple[int, ...] = KIND_WEIGHTS) -> list[Step]:
+    """The steps of one seed, until their hold and rest times add up to `seconds`. A fault
+    kind that cuts links (isolate, bridge, cut_*) gets a mode (blackhole or drop) and, for
+    isolate, a direction; a delay kind gets its milliseconds."""
+    rng = random.Random(seed)
+    steps: list[Step] = []
+    total = 0.0
+    while total < seconds:
+        hold, rest = round(rng.uniform(*HOLD_S), 2), round(rng.uniform(*REST_S), 2)
+        if rng.random() < KILL_ALL_P:
+            faults: tuple[Fault, ...] = (Fault("kill_all", "all"),)
+        else:
+            n = 2 if rng.random() < TWO_FAULTS_P else 1
+            faults = tuple(_fault(rng, "leader" if i == 0 and rng.random() < LEADER_P else "other", kinds, weights)
+                           for i in range(n))
+        steps.append(Step(faults, hold, rest))
+        total += hold + rest
+    return steps
+
+
+def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tuple[int, ...]) -> Fault:
+    kind = rng.choices(kinds, weights)[0]
+    if kind in ("isolate", "bridge") or kind.startswith("cut_"):
+        return Fault(kind, target, rng.choice(("blackhole", "drop")),
+                     rng.choice(("in", "out", "both")) if kind == "isolate" else "both")
+    if kind.startswith("delay"):
+        return Fault(kind, target, str(rng.choice(DELAYS_MS)))
+    return Fault(kind, target)
+
+
+class LeaderMonitor:
+    """Polls every live node's /cluster; remembers which nodes claimed leadership of each term."""
+
+    def __init__(self, cluster: DLedgerCluster):
+        self.cluster = cluster
+        self.claims: dict[int, set[str]] = collections.defaultdict(set)
+        self.polls = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leader-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(MONITOR_PERIOD_S):
+            for i, n in list(self.cluster.nodes.items()):
+                if not n.running or n.stopped:
+                    continue
+                doc = try_http(n.api, "/cluster", 0.3)
+                self.polls += 1
+                lg = (doc or {}).get("log") or {}
+                if lg.get("role") == "LEADER" and lg.get("term") is not None:
+                    self.claims[int(lg["term"])].add(i)
+
+    def split_terms(self) -> dict[int, list[str]]:
+        return {t: sorted(ids) for t, ids in self.claims.items() if len(ids) > 1}
+
+
+class Nemesis:
+    """Applies steps to a cluster and undoes them; `applied` lists what was done, for the report."""
+
+    def __init__(self, cluster: DLedgerCluster, rng: random.Random):
+        self.cluster, self.rng = cluster, rng
+        self.applied: list[str] = []
+        self.t0 = time.monotonic()
+
+    def current_leader(self) -> str | None:
+        try:
+            return self.cluster.leader(timeout_s=2.0)
+        except AssertionError:
+            return None
+
+    def run(self, steps: list[Step], deadline: float) -> None:
+        for step in steps:
+            if time.monotonic() >= deadline:
+                self.applied.append(f"{self._now()} deadline: {len(self.applied)} steps applied")
+                return
+            self.run_step(step)
+
+    def run_step(self, step: Step) -> None:
+        leader = self.current_leader()
+        used: list[str] = []
+        undo = []
+        for f in step.faults:
+            if f.kind == "kill_all":
+                self.cluster.stop_all("KILL")
+                undo.append(self._start_all)
+                self.applied.append(f"{self._now()} kill_all hold {step.hold_s}")
+                continue
+            node = self._resolve(f.target, leader, used)
+            used.append(node)
+            undo.append(self._apply(f, node, used))
+        time.sleep(step.hold_s)
+        for u in reversed(undo):
+            u()
+        time.sleep(step.rest_s)
+
+    def _resolve(self, target: str, leader: str | None, used: list[str]) -> str:
+        free = [i for i in self.cluster.ids if i not in used]
+        if target == "leader" and leader in free:
+            return leader
+        others = [i for i in free if i != leader] or free
+        return self.rng.choice(others)
+
+    def _apply(self, f: Fault, node: str, used: list[str]):
+        c, n = self.cluster, self.cluster.nodes[node]
+        what = f"{self._now()} {f.kind} {node}"
+        if f.kind == "kill9":
+            n.kill9()
+            self.applied.append(what)
+            return n.start
+        if f.kind == "sigstop":
+            n.sigstop()
+            self.applied.append(what)
+            return n.cont
+        if f.kind == "isolate":
+            c.isolate(node, f.mode, f.way)
+            self.applied.append(f"{what} {f.mode} {f.way}")
+        elif f.kind == "bridge":
+            peer = self.rng.choice([i for i in c.ids if i != node and i not in used] or
+                                   [i for i in c.ids if i != node])
+            c.hub.set(f"{node}>{peer}", "both", f.mode)
+            c.hub.set(f"{peer}>{node}", "both", f.mode)
+            self.applied.append(f"{what}-{peer} {f.mode}")
+        elif f.kind == "delay":
+            c.hub.set(f"{node}>*", "both", "delay", int(f.mode))
+            c.hub.set(f"*>{node}", "both", "delay", int(f.mode))
+            self.applied.append(f"{what} {f.mode} ms")
+        else:
+            raise ValueError(f"unknown fault kind {f.kind!r}")
+        return lambda: c.hub.heal("*")
+
+    def _start_all(self) -> None:
+        for n in self.cluster.nodes.values():
+            if not n.running:
+                n.start()
+
+    def heal_all(self) -> None:
+        """Every fault undone: links healed, paused nodes continued, dead ones started."""
+        self.cluster.heal()
+        for n in self.cluster.nodes.values():
+            if n.stopped:
+                n.cont()
+        self._start_all()
+
+    def _now(self) -> str:
+        return f"{time.monotonic() - self.t0:6.2f}s"
+
+
+def run_seed(seed: int, seconds: float, root: str) -> dict:
+    """One seed's whole run; raises AssertionError (with the applied steps) on any failed check."""
+    steps = schedule(seed, seconds)
+    cluster = DLedgerCluster(os.path.join(root, "cluster"))
+    workload = monitor = nemesis = None
+    try:
+        cluster.start()
+        workload = Workload(cluster, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
+        workload.create_topic()
+        workload.start()
+        workload.wait_acks(50)
+        monitor = LeaderMonitor(cluster)
+        monitor.start()
+        nemesis = Nemesis(cluster, random.Random(seed))
+        nemesis.run(steps, time.monotonic() + 2 * seconds)
+        nemesis.heal_all()
+        cluster.wait_healthy(list(cluster.ids), timeout_s=60)
+        healed_at = time.monotonic()
+        workload.wait_acks(50, after=healed_at, timeout_s=LIVENESS_S)
+        liveness_s = workload.failover_s(healed_at)
+        workload.stop()
+        monitor.stop()
+        split = monitor.split_terms()
+        assert not split, f"two leaders in one term: {split}"
+        cluster.wait_converged(timeout_s=30)
+        codes = cluster.stop_all("TERM")
+        assert all(c == 0 for c in codes.values()), f"exit codes {codes}"
+        attempts = workload.snapshot()
+        figures = verify_stores(cluster, attempts, workload.topic)
+    except BaseException as e:
+        if workload is not None:
+            workload.halt()
+        if monitor is not None:
+            monitor.stop()
+        applied = "\n".join(nemesis.applied) if nemesis else "(none)"
+        summary = workload.summary() if workload is not None else ""
+        raise AssertionError(f"nemesis seed {seed} ({seconds} s) failed: {e}\nsteps applied:\n{applied}\n"
+                             f"{summary}\n{cluster.describe()}") from e
+    finally:
+        cluster.close()
+    terms = sorted(monitor.claims)
+    figures.update({"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
+                    "leader_terms_seen": len(terms), "attempts": len(attempts),
+                    "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
+                                                         if a.outcome != ACKED).most_common(6)),
+                    "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))})
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tests.integration.nemesis", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=3, help="how many seeds")
+    p.add_argument("--start", type=int, default=1, help="first seed")
+    p.add_argument("--seconds", type=float, default=60.0, help="faults per seed, seconds of hold and rest")
+    p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
+    args = p.parse_args(argv)
+    failed = 0
+    for seed in range(args.start, args.start + args.seeds):
+        root = tempfile.mkdtemp(prefix=f"nemesis-{seed}-")
+        try:
+            figures = run_seed(seed, args.seconds, root)
+            print(json.dumps({"ok": True, **figures}), flush=True)
+            shutil.rmtree(root, ignore_errors=True)
+        except AssertionError as e:
+            failed += 1
+            print(json.dumps({"ok": False, "seed": seed, "error": str(e)[:4000]}), flush=True)
+            if args.keep:
+                os.makedirs(args.keep, exist_ok=True)
+                dest = os.path.join(args.keep, f"seed-{seed}")
+                shutil.move(root, dest)
+                print(f"seed {seed}: stores and logs kept in {dest}", file=sys.stderr)
+            else:
+                shutil.rmtree(root, ignore_errors=True)
+    print(json.dumps({"seeds": args.seeds, "failed": failed}))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
