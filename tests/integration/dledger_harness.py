@@ -89,9 +89,12 @@ class DLedgerCluster:
         self.root = root
         self.ids = ids
         self.hub = ProxyHub()
-        ports = free_ports(2 * len(ids))
+        ports = free_ports(3 * len(ids))
         api = dict(zip(ids, ports[:len(ids)]))
-        raft = dict(zip(ids, ports[len(ids):]))
+        raft = dict(zip(ids, ports[len(ids):2 * len(ids)]))
+        # Every port free, none of plan()'s fixed ones: a group here must not collide with
+        # `make run` or with another test's group on this machine.
+        stream = dict(zip(ids, ports[2 * len(ids):]))
         # mqstore.cluster.plan writes the configs `mqstore cluster up` uses; ports are ours.
         specs = plan(root, "dledger", len(ids), 10911)
         self.links: dict[tuple[str, str], int] = {}
@@ -106,7 +109,8 @@ class DLedgerCluster:
                              for d in ids)
             apis = ";".join(f"{d}-127.0.0.1:{api[d]}" for d in ids)
             _rewrite_conf(s.config_path, {"listenPort": str(api[s.node_id]), "dLegerPeers": peers,
-                                          "dLegerPeerApis": apis}, SMALL_FILES + tuple(extra_conf))
+                                          "dLegerPeerApis": apis, "streamListenPort": str(stream[s.node_id])},
+                          SMALL_FILES + tuple(extra_conf))
             self.nodes[s.node_id] = NodeProc(s.node_id, api[s.node_id], raft[s.node_id], s.config_path,
                                              s.store_dir, s.log_path)
 
