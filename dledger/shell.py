@@ -165,7 +165,8 @@ class RaftNode:
         if self.listener is not None:
             self.listener.on_recovered(self)
         self.transport = Transport(self.node_id, self.group, self.peers[self.node_id], self.peers,
-                                   self._on_message, self.transport_config, self.rng)
+                                   self._on_message, self.transport_config, self.rng,
+                                   on_received=self._on_received)
         await self.transport.start()
         self._running = True
         self._tasks = [asyncio.create_task(self._run(), name=f"raft-{self.node_id}"),
@@ -250,7 +251,15 @@ class RaftNode:
             self._inbox.popleft()
             self.metrics["inbox_dropped"] += 1
         self._inbox.append((sender, msg))
-        self._wake.set()
+        # No wake-up here: the transport calls _on_received once a read's frames are all in.
+
+    def _on_received(self) -> None:
+        """What one read brought is in the inbox: run the round now, in the transport's loop
+        turn, instead of waking the Raft task for the next turn. A follower's ack and a
+        leader's commit leave one loop turn sooner. A round never awaits, so no other round
+        can be under way; a stalled node's round returns at once and the tick retries."""
+        if self._inbox and self._running:
+            self._guarded_round()
 
     def _refused(self, sender: str, why: str) -> None:
         self.metrics["appends_refused"] += 1
@@ -264,18 +273,24 @@ class RaftNode:
         while self._running:
             await self._wake.wait()
             self._wake.clear()
-            try:
-                self._round()
-            except StoreError as e:
-                self._die(e)
+            if not self._guarded_round():
                 return
-            except Exception as e:  # noqa: BLE001 - any bug here must stop the node loudly
-                # A Ready may be outstanding now, so the core cannot be fed again: without
-                # this, the task ended silently and every later propose hit the core's
-                # "call advance() first" assertion (an HTTP 500 per send, forever).
-                log.exception("raft %s: the Raft loop failed; stopping the node", self.node_id)
-                self._die(e)
-                return
+
+    def _guarded_round(self) -> bool:
+        """One round; False once the node has died of it."""
+        try:
+            self._round()
+        except StoreError as e:
+            self._die(e)
+            return False
+        except Exception as e:  # noqa: BLE001 - any bug here must stop the node loudly
+            # A Ready may be outstanding now, so the core cannot be fed again: without
+            # this, the task ended silently and every later propose hit the core's
+            # "call advance() first" assertion (an HTTP 500 per send, forever).
+            log.exception("raft %s: the Raft loop failed; stopping the node", self.node_id)
+            self._die(e)
+            return False
+        return True
 
     def _round(self) -> None:
         """Feed the core what arrived, handle Readies until there are none, send what they

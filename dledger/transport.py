@@ -127,13 +127,15 @@ class Transport:
 
     def __init__(self, self_id: str, group: str, listen: tuple[str, int],
                  peers: dict[str, tuple[str, int]], on_message: Callable[[str, object], None],
-                 config: TransportConfig | None = None, rng: random.Random | None = None):
+                 config: TransportConfig | None = None, rng: random.Random | None = None,
+                 on_received: Callable[[], None] | None = None):
         self.config = config or TransportConfig()
         self.config.validate()
         self.self_id = self_id
         self.group = group
         self.listen = listen
         self.on_message = on_message
+        self.on_received = on_received      # after each read's frames have gone to on_message
         self.rng = rng or random.Random()
         self._peers = {pid: _Peer(pid, h, p, self.config.send_queue_max_msgs)
                        for pid, (h, p) in peers.items() if pid != self_id}
@@ -373,3 +375,5 @@ class Transport:
                 pos = stop
             view.release()
             buf = buf[pos:]
+            if pos and self.on_received is not None:
+                self.on_received()

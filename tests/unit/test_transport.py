@@ -220,3 +220,36 @@ def test_reconnects_after_peer_restart():
         await t0.stop()
         await t1.stop()
     asyncio.run(main())
+
+
+def test_on_received_follows_each_read_s_frames():
+    """The Raft node runs its round when a read's frames are all delivered (on_received),
+    not a loop turn later: two frames in one write are two on_message calls, then one
+    on_received; a read holding only part of a frame delivers nothing and calls nothing."""
+    async def main():
+        events = []
+        port = free_port()
+        t = Transport("n0", "g", ("127.0.0.1", port), {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)},
+                      lambda s, m: events.append(("msg", m)), TransportConfig(),
+                      on_received=lambda: events.append(("received",)))
+        await t.start()
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(hello())
+        hb = [Heartbeat(3, "n1", i) for i in range(2)]
+        framed = codec.encode_frame(hb[0]) + codec.encode_frame(hb[1])
+        writer.write(framed)
+        await writer.drain()
+        await until(lambda: ("received",) in events)
+        assert events == [("msg", hb[0]), ("msg", hb[1]), ("received",)]
+        third = codec.encode_frame(Heartbeat(3, "n1", 9))
+        writer.write(third[:3])
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        assert len(events) == 3                      # a part of a frame: nothing yet
+        writer.write(third[3:])
+        await writer.drain()
+        await until(lambda: len(events) == 5)
+        assert events[3:] == [("msg", Heartbeat(3, "n1", 9)), ("received",)]
+        writer.close()
+        await t.stop()
+    asyncio.run(main())
