@@ -60,6 +60,13 @@ class BrokerHeartbeat:
     priority: int = 0            # electionPriority: lower is preferred (RocketMQ)
     mode: str = "classic"        # "classic" | "dledger"
     in_sync: tuple[int, ...] = ()   # classic master only: slaves within haMaxGapNotInSync
+    # Classic master only: which report this is, (session, seq), ordered. A session is one
+    # promotion of one master process (a re-promotion or a restart starts a newer one); seq
+    # counts its heartbeats. `pending`: the master still counts members from reports the
+    # SyncStateSet does not reflect yet, and asks for it to be brought up to this report.
+    session: int = 0
+    seq: int = 0
+    pending: bool = False
     term: int = 0                # dledger: current Raft term
     is_leader: bool = False      # dledger: this node leads its group
     last_seen_ms: int = 0        # stamped by the controller on receipt
@@ -210,10 +217,14 @@ def elect(group: Mapping[str, Any], heartbeats: Mapping[int, BrokerHeartbeat], n
 
 def alter_sync_state_set(group: Mapping[str, Any], heartbeats: Mapping[int, BrokerHeartbeat], now_ms: int,
                          opts: ElectOptions) -> dict | None:
-    """The master's report of in-sync slaves as an op, if it changes the SyncStateSet. Pure.
+    """The master's report of in-sync slaves as an op, if it changes the SyncStateSet, or if
+    the master asks for its SyncStateSet to be brought up to this report (`pending`). Pure.
 
     Only a master beating at the current epoch may alter it, and only alive, registered
-    brokers may join: a stale master must not re-admit slaves after being replaced.
+    brokers may join: a stale master must not re-admit slaves after being replaced. The op
+    carries the report it comes from, (session, seq); `apply_op` refuses one older than the
+    report the SyncStateSet already reflects, so a heartbeat a master sent before it stepped
+    down, restarted or dropped a slave can never widen the set after a newer report.
     """
     master = group.get("master_id")
     live = alive(heartbeats, now_ms, opts)
@@ -221,10 +232,25 @@ def alter_sync_state_set(group: Mapping[str, Any], heartbeats: Mapping[int, Brok
     if hb is None or hb.epoch != group.get("master_epoch"):
         return None
     members = {master} | {b for b in hb.in_sync if b in live and str(b) in group["brokers"]}
-    if members == set(group.get("sss", [])):
+    report = (hb.session, hb.seq)
+    if _stale(report, sss_report(group)):
+        return None
+    if members == set(group.get("sss", [])) and not hb.pending:
         return None
     return {"op": "alter_sss", "group": group["name"], "epoch": group["master_epoch"],
-            "sss": sorted(members), "sss_epoch": int(group.get("sss_epoch", 0)) + 1}
+            "sss": sorted(members), "sss_epoch": int(group.get("sss_epoch", 0)) + 1,
+            "session": hb.session, "seq": hb.seq}
+
+
+def sss_report(group: Mapping[str, Any]) -> tuple[int, int]:
+    """The master's report the SyncStateSet reflects, (session, seq); (0, 0) after an election."""
+    return (int(group.get("sss_session", 0)), int(group.get("sss_seq", 0)))
+
+
+def _stale(report: tuple[int, int], reflected: tuple[int, int]) -> bool:
+    """A report no newer than the one the set reflects. (0, 0) is a master that numbers no
+    reports (an older broker): its alters apply as before, until a numbered one has."""
+    return report <= reflected and report != (0, 0) or report < reflected
 
 
 # ===================================================================================
@@ -238,7 +264,7 @@ def empty_state() -> dict:
 def _new_group(name: str, mode: str) -> dict:
     return {"name": name, "mode": mode, "master_id": None, "master_addr": None, "master_ha_addr": None,
             "master_epoch": 0, "max_reported_epoch": 0, "sss": [], "sss_epoch": 0, "brokers": {},
-            "leader_term": 0}
+            "leader_term": 0, "sss_session": 0, "sss_seq": 0}
 
 
 def _op_register(state: dict, op: dict) -> bool:
@@ -257,7 +283,8 @@ def _op_set_master(state: dict, op: dict) -> bool:
     if op["epoch"] <= g["master_epoch"]:
         return False   # replayed or stale: epochs only rise
     g.update(master_id=op["master_id"], master_addr=op["master_addr"], master_ha_addr=op["master_ha_addr"],
-             master_epoch=op["epoch"], sss=list(op["sss"]), sss_epoch=max(op["sss_epoch"], g["sss_epoch"] + 1))
+             master_epoch=op["epoch"], sss=list(op["sss"]), sss_epoch=max(op["sss_epoch"], g["sss_epoch"] + 1),
+             sss_session=0, sss_seq=0)   # the new master's reports start over
     g["max_reported_epoch"] = max(g["max_reported_epoch"], op["epoch"])
     return True
 
@@ -266,8 +293,11 @@ def _op_alter_sss(state: dict, op: dict) -> bool:
     g = state["groups"].get(op["group"])
     if g is None or op["epoch"] != g["master_epoch"] or op["sss_epoch"] <= g["sss_epoch"]:
         return False
+    report = (int(op.get("session", 0)), int(op.get("seq", 0)))
+    if _stale(report, sss_report(g)):
+        return False   # from a report older than the one the set reflects
     assert g["master_id"] in op["sss"], "the master is always in its SyncStateSet"
-    g.update(sss=list(op["sss"]), sss_epoch=op["sss_epoch"])
+    g.update(sss=list(op["sss"]), sss_epoch=op["sss_epoch"], sss_session=report[0], sss_seq=report[1])
     return True
 
 
@@ -420,9 +450,11 @@ def heartbeat_reply(state: Mapping[str, Any], group: str, broker_id: int) -> dic
     if g is None:
         return {"role": BrokerRole.UNKNOWN.value, "master_id": None, "master_addr": None,
                 "master_ha_addr": None, "epoch": 0, "sync_state_set": [], "topics": topics}
+    session, seq = sss_report(g)
     return {"role": role_of(g, broker_id).value, "master_id": g["master_id"], "master_addr": g["master_addr"],
             "master_ha_addr": g.get("master_ha_addr"), "epoch": g["master_epoch"],
-            "sync_state_set": list(g["sss"]), "topics": topics}
+            "sync_state_set": list(g["sss"]), "sss_session": session, "sss_seq": seq,
+            "brokers": sorted(int(b) for b in g["brokers"]), "topics": topics}
 
 
 # ===================================================================================

@@ -267,6 +267,9 @@ class Controller:
         try:
             kw = {k: v for k, v in body.items() if k in names}
             kw["in_sync"] = tuple(int(b) for b in kw.get("in_sync", ()))
+            for k in ("session", "seq"):
+                kw[k] = int(kw.get(k, 0))
+            kw["pending"] = bool(kw.get("pending", False))
             hb = BrokerHeartbeat(**kw, last_seen_ms=_mono_ms())
         except (TypeError, ValueError) as e:
             return _error(request, 400, "BAD_HEARTBEAT", str(e))

@@ -130,6 +130,7 @@ class HALog:
         self._lease_ms = -1                     # monotonic ms of the leader controller's last confirmation
         self._lease_task: asyncio.Task | None = None
         self.step_downs = 0                     # times this master stopped writing after losing the controller
+        self._report_seq = 0                    # heartbeats of this promotion (core.session)
         self._lease_warned = False              # the lease-vs-controller-timeout warning was logged
         self._started = False
 
@@ -569,7 +570,11 @@ class HALog:
             if was == SLAVE and self.commitlog.max_offset > self._boundary:
                 await self._truncate(self._boundary)   # half a record from the old master
             self.local.advance_committed(self.commitlog.max_offset)
-            self.core.become_master(self.commitlog.max_offset)
+            # The session is newer than any before it, in this process or an earlier one.
+            session = max(time.time_ns() // 1000, self.core.session + 1)
+            self.core.become_master(self.commitlog.max_offset, session=session,
+                                    new_epoch=epoch > self.epochs.last_epoch)
+            self._report_seq = 0
             if epoch > self.epochs.last_epoch:
                 self.epochs.drop_beyond(self.commitlog.max_offset)
                 self.epochs.append(epoch, self.commitlog.max_offset)
@@ -637,12 +642,14 @@ class HALog:
         while True:
             await asyncio.sleep(min(0.25, self.cfg.controller_lease_ms / 4000))
             if self._lease_expired():
-                await self._step_down()
+                await self._step_down(if_lease_expired=True)
 
-    async def _step_down(self) -> None:
+    async def _step_down(self, if_lease_expired: bool = False) -> None:
         async with self._role_lock:
             if self._role != MASTER:
                 return
+            if if_lease_expired and not self._lease_expired():
+                return      # renewed while waiting for the lock (it logged "no word for 0 ms")
             self._role = SLAVE
             self._accepting = False
             self._master_api = None
@@ -654,11 +661,16 @@ class HALog:
 
     def controller_heartbeat(self, group: str) -> dict:
         """What this broker tells the controller every second."""
-        in_sync = sorted(self.core.in_sync_broker_ids(self.commitlog.max_offset, now_ms())) if self._role == MASTER else []
-        return {"group": group, "broker_id": self.cfg.broker_id, "addr": self.cfg.self_api_address,
-                "ha_addr": self.cfg.self_ha_address, "epoch": self.epochs.last_epoch,
-                "max_offset": self.committed_position, "priority": self.cfg.election_priority,
-                "mode": "classic", "in_sync": in_sync}
+        hb = {"group": group, "broker_id": self.cfg.broker_id, "addr": self.cfg.self_api_address,
+              "ha_addr": self.cfg.self_ha_address, "epoch": self.epochs.last_epoch,
+              "max_offset": self.committed_position, "priority": self.cfg.election_priority,
+              "mode": "classic", "in_sync": []}
+        if self._role == MASTER:
+            in_sync = self.core.in_sync_broker_ids(self.commitlog.max_offset, now_ms())
+            self._report_seq += 1
+            pending = self.core.report(self._report_seq, in_sync)
+            hb.update(in_sync=sorted(in_sync), session=self.core.session, seq=self._report_seq, pending=pending)
+        return hb
 
     def _check_lease_against(self, controller_timeout_ms) -> None:
         """Say once, loudly, when the lease outlives the controller's heartbeat timeout: the
@@ -687,9 +699,10 @@ class HALog:
                 return                      # a follower controller's view may be stale: wait for the leader
             await self.become_master(epoch)
             sss = frozenset(int(b) for b in reply.get("sync_state_set", []))
-            if sss != self.core.sync_state_set:
-                log.info("SyncStateSet now %s (was %s)", sorted(sss), sorted(self.core.sync_state_set or ()))
-            self.core.sync_state_set = sss
+            was = self.core.sync_state_set
+            if self.core.on_controller_view(sss, int(reply.get("sss_session") or 0), int(reply.get("sss_seq") or 0),
+                                            frozenset(int(b) for b in reply.get("brokers") or ())) and sss != was:
+                log.info("SyncStateSet now %s (was %s)", sorted(sss), sorted(was or ()))
             self._release_waiters()   # a smaller SyncStateSet may cover waiters now
         elif reply.get("master_ha_addr"):
             await self.become_slave(reply["master_ha_addr"], reply.get("master_addr"), epoch)

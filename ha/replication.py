@@ -369,6 +369,17 @@ class HAServiceCore:
     # (master max, time) per connection; a report that reaches a sample's offset moves T to it.
     caught_up_ms: dict[int, int] = field(default_factory=dict)
     _samples: dict[int, deque] = field(default_factory=dict)   # by connection id, oldest first
+    # The controller can widen its SyncStateSet from any in-sync report this master sent that
+    # the set does not reflect yet (ha.controller.alter_sync_state_set), however old: such a
+    # broker must ack from now on. `session` numbers this promotion; `reported` holds, per
+    # distinct in-sync set reported, the last heartbeat (seq) that said it; `reflected` is the
+    # report, (session, seq), the held view of the set reflects: (0, 0) for none yet at a new
+    # epoch, None when a report of an earlier promotion or process at this epoch may still
+    # apply (its content unknown: every broker of the group, `group_brokers`, must then ack).
+    session: int = 0
+    reported: dict[int, frozenset[int]] = field(default_factory=dict)
+    reflected: tuple[int, int] | None = None
+    group_brokers: frozenset[int] = frozenset()
 
     def on_push(self, conn_id: int, master_max: int, now_ms: int) -> None:
         """The master pushed to `conn_id` while holding `master_max` bytes (one sample per
@@ -413,15 +424,54 @@ class HAServiceCore:
             self.in_sync.discard(gone.broker_id)
             self.caught_up_ms.pop(gone.broker_id, None)
 
-    def become_master(self, master_max: int) -> None:
+    def become_master(self, master_max: int, session: int = 0, new_epoch: bool = True) -> None:
         """A new term as master. Its SyncStateSet starts as itself, so the confirm offset is its
         whole log (RocketMQ: the minimum over the SyncStateSet's offsets): a slave joins the
         in-sync set only once it holds everything this master held at promotion, which covers
-        every message any earlier master acked."""
+        every message any earlier master acked. `session` numbers this promotion (newer than
+        any earlier one of this broker); at a new epoch no earlier report can alter the set
+        (an alter needs a heartbeat of the current epoch), within its epoch one may."""
         self.confirm_offset = max(self.confirm_offset, master_max)
         self.in_sync.clear()
         self.caught_up_ms.clear()
         self._samples.clear()
+        self.session = session
+        self.reported.clear()
+        self.reflected = (0, 0) if new_epoch else None
+
+    def report(self, seq: int, in_sync: frozenset[int]) -> bool:
+        """Remember what heartbeat `seq` of this session tells the controller. True (`pending`:
+        the heartbeat asks for the set to be brought up to it) while the view is unconfirmed or
+        members reported since it stay required only because of those reports."""
+        last = max(self.reported, default=None)
+        if last is not None and self.reported[last] == in_sync:
+            del self.reported[last]        # the same set again: only its latest seq matters
+        self.reported[seq] = in_sync
+        return self.reflected is None or bool(self._unreflected() - self.in_sync - (self.sync_state_set or set()))
+
+    def on_controller_view(self, sss: frozenset[int], session: int, seq: int, brokers: frozenset[int]) -> bool:
+        """The controller's SyncStateSet and the report it reflects, (session, seq), taken as a
+        pair. A view older than the one held (a lagging controller's) is ignored: its set could
+        lack a member the newer one has. False when ignored."""
+        self.group_brokers = self.group_brokers | brokers
+        view = (session, seq)
+        if self.reflected is not None and view < self.reflected:
+            return False
+        self.sync_state_set = sss
+        if self.reflected is not None or session == self.session:
+            self.reflected = view
+            for s in [s for s in self.reported if session == self.session and s <= seq]:
+                del self.reported[s]
+        return True
+
+    def _unreflected(self) -> set[int]:
+        """Members of this session's reports the held view does not reflect."""
+        after = self.reflected[1] if self.reflected is not None and self.reflected[0] == self.session else 0
+        out: set[int] = set()
+        for s, members in self.reported.items():
+            if s > after:
+                out |= members
+        return out
 
     def best_ack(self) -> int:
         """push2SlaveMaxOffset: the furthest any connected slave has acked (-1 with none)."""
@@ -457,9 +507,15 @@ class HAServiceCore:
     def _required_slaves(self) -> frozenset[int]:
         """The controller's SyncStateSet plus the slaves this master already counts in sync
         (an expansion the controller has not confirmed yet); a slave the master dropped stays
-        required until the controller's SyncStateSet drops it too."""
-        sss = self.sync_state_set if self.sync_state_set is not None else frozenset()
-        return (sss | self.in_sync) - {self.master_id}
+        required until the controller's SyncStateSet drops it too. With a controller, also
+        every broker this master reported in sync since the report the set reflects, and
+        every broker of the group while a report of unknown content may still apply."""
+        if self.sync_state_set is None:
+            return frozenset(self.in_sync) - {self.master_id}
+        out = self.sync_state_set | self.in_sync | self._unreflected()
+        if self.reflected is None:
+            out |= self.group_brokers
+        return frozenset(out) - {self.master_id}
 
     def covered_offset(self) -> int:
         """Every SYNC_MASTER append ending at or below this offset has the acks it needs: the

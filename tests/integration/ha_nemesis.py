@@ -55,6 +55,9 @@ CONTROLLERS = ("c0", "c1", "c2")
 HA_KINDS = ("kill9", "sigstop", "cut_controllers", "cut_ha", "delay_ha", "kill9_controller", "sigstop_controller")
 HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1)
 CONTROLLER_HEARTBEAT_TIMEOUT_MS = 3000
+# A fault lasts 0.5-7 s: past the controller's heartbeat timeout often enough that masters
+# are replaced (a shorter fault is over before anyone notices).
+HA_HOLD_S = (0.5, 7.0)
 LIVENESS_S = 45.0        # after the last fault: a master's first SEND_OK within this
 CONVERGE_S = 60.0        # ... and the slave back in the SyncStateSet, caught up, within this
 
@@ -335,7 +338,7 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
 
 
 def run_seed(seed: int, seconds: float, root: str) -> dict:
-    steps = schedule(seed, seconds, HA_KINDS, HA_WEIGHTS)
+    steps = schedule(seed, seconds, HA_KINDS, HA_WEIGHTS, HA_HOLD_S)
     group = ClassicGroup(os.path.join(root, "group"))
     workload = monitor = nemesis = None
     try:

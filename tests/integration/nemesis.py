@@ -1,6 +1,6 @@
-"""Seeded random faults against a real 3-node DLedger group, then every safety check.
+"""Seeded random faults against a real DLedger group (3 or 5 nodes), then every safety check.
 
-    python -m tests.integration.nemesis --seeds 5 [--start 1] [--seconds 60] [--keep DIR]
+    python -m tests.integration.nemesis --seeds 5 [--start 1] [--seconds 60] [--nodes 3|5] [--keep DIR]
 
 One seed gives one schedule (`schedule`): steps of one fault, or two at once on different
 nodes (the group may then have no majority), each held for a while and then undone, with a
@@ -71,7 +71,7 @@ class Step:
 
 
 def schedule(seed: int, seconds: float, kinds: tuple[str, ...] = KINDS,
-             weights: tuple[int, ...] = KIND_WEIGHTS) -> list[Step]:
+             weights: tuple[int, ...] = KIND_WEIGHTS, hold_s: tuple[float, float] = HOLD_S) -> list[Step]:
     """The steps of one seed, until their hold and rest times add up to `seconds`. A fault
     kind that cuts links (isolate, bridge, cut_*) gets a mode (blackhole or drop) and, for
     isolate, a direction; a delay kind gets its milliseconds."""
@@ -79,7 +79,7 @@ def schedule(seed: int, seconds: float, kinds: tuple[str, ...] = KINDS,
     steps: list[Step] = []
     total = 0.0
     while total < seconds:
-        hold, rest = round(rng.uniform(*HOLD_S), 2), round(rng.uniform(*REST_S), 2)
+        hold, rest = round(rng.uniform(*hold_s), 2), round(rng.uniform(*REST_S), 2)
         if rng.random() < KILL_ALL_P:
             faults: tuple[Fault, ...] = (Fault("kill_all", "all"),)
         else:
@@ -224,10 +224,10 @@ class Nemesis:
         return f"{time.monotonic() - self.t0:6.2f}s"
 
 
-def run_seed(seed: int, seconds: float, root: str) -> dict:
+def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     """One seed's whole run; raises AssertionError (with the applied steps) on any failed check."""
     steps = schedule(seed, seconds)
-    cluster = DLedgerCluster(os.path.join(root, "cluster"))
+    cluster = DLedgerCluster(os.path.join(root, "cluster"), ids=tuple(f"n{i}" for i in range(nodes)))
     workload = monitor = nemesis = None
     try:
         cluster.start()
@@ -265,7 +265,8 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
     finally:
         cluster.close()
     terms = sorted(monitor.claims)
-    figures.update({"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
+    figures.update({"seed": seed, "nodes": nodes, "steps": len(nemesis.applied),
+                    "liveness_s": round(liveness_s or 0.0, 3),
                     "leader_terms_seen": len(terms), "attempts": len(attempts),
                     "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
                                                          if a.outcome != ACKED).most_common(6)),
@@ -278,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, default=3, help="how many seeds")
     p.add_argument("--start", type=int, default=1, help="first seed")
     p.add_argument("--seconds", type=float, default=60.0, help="faults per seed, seconds of hold and rest")
+    p.add_argument("--nodes", type=int, choices=(3, 5), default=3, help="group size")
     p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
     args = p.parse_args(argv)
     failed = 0
     for seed in range(args.start, args.start + args.seeds):
         root = tempfile.mkdtemp(prefix=f"nemesis-{seed}-")
         try:
-            figures = run_seed(seed, args.seconds, root)
+            figures = run_seed(seed, args.seconds, root, args.nodes)
             print(json.dumps({"ok": True, **figures}), flush=True)
             shutil.rmtree(root, ignore_errors=True)
         except AssertionError as e:

@@ -7,6 +7,7 @@ slave with a higher epoch. Method: this test plays the brokers, posting heartbea
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -27,6 +28,7 @@ class Cluster:
         self.raft = ports[3:]
         self.tmp = tmp
         self.procs: dict[int, lc.Proc] = {}
+        self._seq = itertools.count(1)     # the master's report numbers (one session)
 
     def start(self, i: int) -> None:
         peers = [f"127.0.0.1:{self.raft[j]}" for j in range(3) if j != i]
@@ -64,7 +66,7 @@ class Cluster:
     def beat(self, broker: int, epoch: int, offset: int, in_sync=()) -> dict | None:
         body = {"group": "g", "broker_id": broker, "addr": f"127.0.0.1:{20000 + broker}",
                 "ha_addr": f"127.0.0.1:{21000 + broker}", "epoch": epoch, "max_offset": offset,
-                "priority": broker, "in_sync": list(in_sync)}
+                "priority": broker, "in_sync": list(in_sync), "session": 1, "seq": next(self._seq)}
         best = None
         for i in self.alive():
             try:

@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from tests.integration.ha_nemesis import HA_KINDS, HA_WEIGHTS, run_seed
+from tests.integration.ha_nemesis import HA_HOLD_S, HA_KINDS, HA_WEIGHTS, run_seed
 from tests.integration.nemesis import schedule
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,7 @@ SECONDS = float(os.environ.get("HA_NEMESIS_SECONDS", "25"))
 
 
 def test_the_classic_schedules_cover_every_fault():
-    kinds = {f.kind for seed in range(1, 40) for step in schedule(seed, 60, HA_KINDS, HA_WEIGHTS)
+    kinds = {f.kind for seed in range(1, 40) for step in schedule(seed, 60, HA_KINDS, HA_WEIGHTS, HA_HOLD_S)
              for f in step.faults}
     assert kinds == set(HA_KINDS) | {"kill_all"}
 

@@ -6,7 +6,10 @@ every SyncStateSet member holds the entry), slaves that reconcile by epoch
 over virtual time. Each broker process has the real master-side core (`HAServiceCore`,
 offsets in entries): pushes and slave reports feed it, its in-sync set (byte gap,
 silence, haMaxTimeSlaveNotCatchup, confirm offset) is what the master's heartbeat
-reports, and an append is acked once the SyncStateSet and that in-sync set hold it.
+reports, and an append is acked once every broker the master's own rule requires holds it
+(HAServiceCore._required_slaves, on the master's view: the replies it got). A heartbeat is
+built at one contact and delivered at the next, and a reply carries the state before the
+controller's decisions of that step, as with real processes.
 Some slaves run slow for a while, so the time rule shrinks the set. Checkers: epochs
 strictly rise, one master per epoch, an elected master comes from the SyncStateSet,
 and no acked entry is ever missing from the current master's log. A master may also be cut
@@ -18,11 +21,13 @@ its seed; `run_seed(seed, trace=True)` replays it."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
+from ha import controller
 from ha.controller import BrokerHeartbeat, ElectOptions, Liveness, apply_op, empty_state, plan_ops
 from ha.epoch import EpochEntry, find_consistent_point, with_ends
 from ha.replication import HAServiceCore, HATimings
@@ -48,6 +53,8 @@ class Broker:
     conns: dict[int, tuple[int, int]] = field(default_factory=dict)   # as master: slave -> (conn id, acked)
     cut_until: int = -1                                     # cut off from the controller until then (ms)
     last_contact: int = 0                                   # last time the controller answered it (ms)
+    outbox: BrokerHeartbeat | None = None                   # built at the last contact, delivered at the next
+    report_seq: int = 0                                     # heartbeats of the current promotion
 
     @property
     def last_epoch(self) -> int:
@@ -82,25 +89,47 @@ class Sim:
             print(f"[seed {self.seed} t={self.now}]", *a)
 
     def boot(self, b: Broker) -> None:
-        """A (re)started process: a fresh HA core, no links."""
+        """A (re)started process: a fresh HA core, no links. Its last heartbeat, if the
+        controller still holds it, stays there: the controller cannot tell it is stale."""
         b.core = HAServiceCore(master_id=b.bid, timings=TIMINGS, all_ack_in_sync_state_set=True)
         b.conns = {}
+        b.outbox = None
 
     # --- the controller ------------------------------------------------------------------------
     def controller_step(self) -> None:
-        for b in self.brokers.values():
-            if b.alive and self.now >= b.cut_until:
-                b.last_contact = self.now
-                in_sync = tuple(sorted(self.in_sync(b))) if b.master_epoch else ()
-                self.live.record(BrokerHeartbeat("g", b.bid, f"b{b.bid}", f"h{b.bid}", b.last_epoch, len(b.log),
-                                                  b.bid, in_sync=in_sync if b.master_epoch else (),
-                                                  last_seen_ms=self.now))
+        """Each broker in touch delivers the heartbeat it built at its previous contact (a
+        heartbeat is in flight while the broker moves on: a master may have stepped down,
+        restarted or lost a slave since), the controller decides, and each broker takes its
+        reply (role, and for the master its SyncStateSet view) and builds its next heartbeat."""
+        in_touch = [b for b in self.brokers.values() if b.alive and self.now >= b.cut_until]
+        for b in in_touch:
+            b.last_contact = self.now
+            hb = b.outbox or self.heartbeat(b)
+            self.live.record(dataclasses.replace(hb, last_seen_ms=self.now))
+        # Replies carry the state as it is now; what the controller decides from these
+        # heartbeats (its periodic plan) reaches the brokers with their next replies.
         g = self.state["groups"]["g"]
+        self.apply_roles()
+        reply_brokers = frozenset(int(x) for x in g["brokers"])
+        for b in in_touch:
+            if b.master_epoch:
+                b.core.on_controller_view(frozenset(g["sss"]), g["sss_session"], g["sss_seq"], reply_brokers)
+            b.outbox = self.heartbeat(b)
         for op in plan_ops(self.state, self.live, self.now, OPTS):
             before = dict(g, sss=list(g["sss"]))
             if apply_op(self.state, op) and op["op"] == "set_master":
                 self.check_election(before, op)
-        self.apply_roles()
+
+    def heartbeat(self, b: Broker) -> BrokerHeartbeat:
+        """What HALog.controller_heartbeat builds now."""
+        if not b.master_epoch:
+            return BrokerHeartbeat("g", b.bid, f"b{b.bid}", f"h{b.bid}", b.last_epoch, len(b.log), b.bid)
+        in_sync = self.in_sync(b)
+        b.report_seq += 1
+        pending = b.core.report(b.report_seq, in_sync)
+        return BrokerHeartbeat("g", b.bid, f"b{b.bid}", f"h{b.bid}", b.last_epoch, len(b.log), b.bid,
+                               in_sync=tuple(sorted(in_sync)), session=b.core.session, seq=b.report_seq,
+                               pending=pending)
 
     def check_election(self, before: dict, op: dict) -> None:
         assert op["epoch"] > before["master_epoch"], "epoch went backwards"
@@ -117,7 +146,9 @@ class Sim:
                 continue      # a cut-off broker hears nothing: its role stays what it was
             if g["master_id"] == b.bid and b.master_epoch != g["master_epoch"]:
                 b.master_epoch = g["master_epoch"]
-                b.core.become_master(len(b.log))
+                b.core.become_master(len(b.log), session=max(self.now, b.core.session + 1),
+                                     new_epoch=b.master_epoch > b.last_epoch)
+                b.report_seq = 0
                 for conn, _ in b.conns.values():
                     b.core.remove(conn)
                 b.conns = {}
@@ -183,9 +214,8 @@ class Sim:
         return min(len(s.log), p if p >= 0 else 0)
 
     def settle_acks(self, m: Broker) -> None:
-        # HAServiceCore._required_slaves: the controller's SyncStateSet and the master's own in-sync set.
-        required = set(self.state["groups"]["g"]["sss"]) | m.core.in_sync
-        need = [self.brokers[b] for b in required if b != m.bid]
+        # The master's own rule, on its own view (replies), not on the controller's live state.
+        need = [self.brokers[b] for b in m.core._required_slaves()]
         still = []
         for epoch, idx, eid in self.pending:
             if all(o.alive and idx < len(o.log) and o.log[idx] == eid for o in need):
@@ -267,10 +297,12 @@ def _old_join_rule(monkeypatch, promotion_confirm: bool) -> None:
     optionally the promotion bug (a new master's confirm offset left at 0)."""
     monkeypatch.setattr(HAServiceCore, "_caught_up_recently", lambda self, b, now: True)
     if not promotion_confirm:
-        def promote(self, master_max):
-            self.in_sync.clear()
-            self.caught_up_ms.clear()
-            self._samples.clear()
+        real = HAServiceCore.become_master
+
+        def promote(self, master_max, **kw):
+            confirm = self.confirm_offset
+            real(self, master_max, **kw)
+            self.confirm_offset = confirm          # left where it was (0 for a fresh process)
         monkeypatch.setattr(HAServiceCore, "become_master", promote)
 
 
@@ -279,9 +311,9 @@ def test_checker_catches_a_new_master_admitting_a_lagging_slave(monkeypatch):
     slave missing entries an earlier master acked joined the in-sync set, the SyncStateSet, and
     could be elected. These seeds lost acked entries that way."""
     _old_join_rule(monkeypatch, promotion_confirm=False)
-    for seed in (21, 26, 43):
+    for seed in (31, 48):
         with pytest.raises(AssertionError, match="acked entry"):
-            run_seed(seed, cuts=False)   # the seeds that found it, as they ran then
+            run_seed(seed, cuts=False)   # seeds that find it (since heartbeats arrive a contact late)
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -290,6 +322,29 @@ def test_promotion_confirm_offset_alone_keeps_acked_entries(monkeypatch, seed):
     without the time rule, which closes the same hole a second way."""
     _old_join_rule(monkeypatch, promotion_confirm=True)
     run_seed(seed)
+
+
+def test_checker_catches_a_master_acking_on_a_stale_view(monkeypatch):
+    """Regression (tests/integration/ha_nemesis.py seeds 17 and 18, real processes: 285 and 492
+    acked messages lost). A master's heartbeat reported a slave in sync; the master then
+    stepped down on its lease and was promoted again, or restarted, without that slave; the
+    controller, still holding the older heartbeat, grew its SyncStateSet while the master,
+    whose reply said otherwise, acked alone; then it died and the slave was elected. Without
+    the report fencing (ha.controller._stale, HAServiceCore's reports and view), these seeds
+    lose an acked entry."""
+    def required(self):
+        return frozenset((self.sync_state_set or frozenset()) | self.in_sync) - {self.master_id}
+
+    def view(self, sss, session, seq, brokers):
+        self.sync_state_set = sss
+        return True
+    monkeypatch.setattr(HAServiceCore, "_required_slaves", required)
+    monkeypatch.setattr(HAServiceCore, "on_controller_view", view)
+    monkeypatch.setattr(HAServiceCore, "report", lambda self, seq, in_sync: False)
+    monkeypatch.setattr(controller, "_stale", lambda report, reflected: False)
+    for seed in (196, 334, 911, 997):
+        with pytest.raises(AssertionError, match="acked entry"):
+            run_seed(seed)
 
 
 def test_checker_catches_a_demoted_master_keeping_its_tail(monkeypatch):

@@ -11,14 +11,15 @@ from hypothesis import given, strategies as st
 from ha.controller import (ROLE_TRANSITIONS, BrokerHeartbeat, BrokerRole, DecisionKind, ElectOptions, Liveness,
                            RoleInput, alter_sync_state_set, apply_op, assign_queues, elect, election_key,
                            empty_state, heartbeat_reply, merge_states, ops_for_heartbeat, plan_ops, role_of,
-                           route_of)
+                           route_of, sss_report)
 
 OPTS = ElectOptions()
 NOW = 100_000
 
 
-def hb(b, epoch=1, offset=0, prio=0, seen=NOW, in_sync=(), group="g"):
-    return BrokerHeartbeat(group, b, f"h{b}:1", f"h{b}:2", epoch, offset, prio, in_sync=in_sync, last_seen_ms=seen)
+def hb(b, epoch=1, offset=0, prio=0, seen=NOW, in_sync=(), group="g", session=1, seq=1, pending=False):
+    return BrokerHeartbeat(group, b, f"h{b}:1", f"h{b}:2", epoch, offset, prio, in_sync=in_sync, last_seen_ms=seen,
+                           session=session, seq=seq, pending=pending)
 
 
 def group(master=0, epoch=1, sss=(0, 1, 2), brokers=(0, 1, 2), **kw):
@@ -151,6 +152,54 @@ def test_stale_master_cannot_alter_sss():
 def test_unchanged_sss_is_no_op():
     g = group(sss=(0, 1))
     assert alter_sync_state_set(g, {0: hb(0, in_sync=(1,)), 1: hb(1)}, NOW, OPTS) is None
+
+
+def test_an_alter_carries_its_report_and_an_older_report_never_applies():
+    """Regression (tests/integration/ha_nemesis.py, seeds 17 and 18: 285 and 492 acked
+    messages lost): a master reported slave 1 in sync, then stepped down on its lease and was
+    promoted again (or restarted) with no slave; the controller, still holding that older
+    heartbeat, grew the SyncStateSet to {0, 1} while the master acked alone, and elected 1
+    when the master died. Each alter now carries its report, (session, seq), and one older
+    than the report the set reflects is refused when applied."""
+    s = _seeded()
+    apply_op(s, {"op": "set_master", "group": "g", "master_id": 0, "master_addr": "a:1", "master_ha_addr": "a:2",
+                 "epoch": 1, "sss": [0], "sss_epoch": 1})
+    g = s["groups"]["g"]
+    op = alter_sync_state_set(g, {0: hb(0, in_sync=(1,), session=7, seq=3), 1: hb(1)}, NOW, OPTS)
+    assert (op["session"], op["seq"], op["sss"]) == (7, 3, [0, 1])
+    newer = {"op": "alter_sss", "group": "g", "epoch": 1, "sss": [0], "sss_epoch": 2, "session": 8, "seq": 1}
+    assert apply_op(s, newer) and sss_report(g) == (8, 1)
+    assert not apply_op(s, dict(op, sss_epoch=3))            # session 7 is older than 8: refused
+    assert g["sss"] == [0]
+    assert not apply_op(s, dict(newer, sss=[0, 1], sss_epoch=3))   # the same report again: refused
+    assert apply_op(s, dict(newer, sss=[0, 1], sss_epoch=3, seq=2)) and g["sss"] == [0, 1]
+    # No op is planned from a heartbeat the set already reflects, whatever it says.
+    assert alter_sync_state_set(g, {0: hb(0, in_sync=(), session=8, seq=2), 1: hb(1)}, NOW, OPTS) is None
+    # An election starts the reports over: the new master's first one applies.
+    apply_op(s, {"op": "set_master", "group": "g", "master_id": 1, "master_addr": "b:1", "master_ha_addr": "b:2",
+                 "epoch": 2, "sss": [1], "sss_epoch": 4})
+    assert sss_report(g) == (0, 0)
+    assert apply_op(s, {"op": "alter_sss", "group": "g", "epoch": 2, "sss": [0, 1], "sss_epoch": 5,
+                        "session": 1, "seq": 1})
+
+
+def test_a_pending_report_brings_the_set_up_to_it_without_a_change():
+    """A master still counting members from reports the set does not reflect asks (pending)
+    for the set to be brought up to its newest report, so it can stop counting them."""
+    g = group(sss=(0,), sss_session=4, sss_seq=5)
+    assert alter_sync_state_set(g, {0: hb(0, session=4, seq=9), 1: hb(1)}, NOW, OPTS) is None
+    op = alter_sync_state_set(g, {0: hb(0, session=4, seq=9, pending=True), 1: hb(1)}, NOW, OPTS)
+    assert (op["sss"], op["session"], op["seq"], op["sss_epoch"]) == ([0], 4, 9, 2)
+    assert alter_sync_state_set(g, {0: hb(0, session=4, seq=5, pending=True), 1: hb(1)}, NOW, OPTS) is None
+
+
+def test_the_reply_names_the_report_the_set_reflects_and_the_group_s_brokers():
+    s = _seeded()
+    apply_op(s, {"op": "set_master", "group": "g", "master_id": 0, "master_addr": "a:1", "master_ha_addr": "a:2",
+                 "epoch": 1, "sss": [0], "sss_epoch": 1})
+    apply_op(s, {"op": "alter_sss", "group": "g", "epoch": 1, "sss": [0, 1], "sss_epoch": 2, "session": 3, "seq": 4})
+    r = heartbeat_reply(s, "g", 0)
+    assert (r["sync_state_set"], r["sss_session"], r["sss_seq"], r["brokers"]) == ([0, 1], 3, 4, [0, 1])
 
 
 # --- replicated ops ----------------------------------------------------------------------------

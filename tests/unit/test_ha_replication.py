@@ -286,6 +286,70 @@ def test_in_sync_requires_every_acked_message():
     assert s.in_sync_broker_ids(1000, now_ms=1) == {1, 2}
 
 
+def test_a_master_promoted_again_in_its_epoch_requires_every_broker_until_its_report_is_reflected():
+    """Regression (ha_nemesis seeds 17 and 18): a master promoted again within its epoch (after
+    stepping down on its lease, or after a restart) cannot know what its earlier reports said,
+    and the controller may still widen the set from one; until a reply shows the set
+    reflecting one of this promotion's reports, every broker of the group must ack."""
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True)
+    s.become_master(0, session=5, new_epoch=False)
+    assert s.on_controller_view(frozenset({0}), 4, 9, frozenset({0, 1}))   # promotion 4's report 9
+    t = s.begin(100, 0)
+    assert t.state is WaitState.WAITING
+    assert s.report(1, frozenset()) is True       # pending: asks for the set to reflect this report
+    s.on_controller_view(frozenset({0}), 5, 1, frozenset({0, 1}))
+    assert s.check(t, 1).state is WaitState.ACKED
+
+
+def test_a_master_of_a_new_epoch_acks_on_the_election_s_set():
+    """At a new epoch only this promotion's reports can alter the set: the election's set,
+    the master alone, is enough at once (failover is not slowed)."""
+    s = HAServiceCore(master_id=1, all_ack_in_sync_state_set=True)
+    s.become_master(0, session=7, new_epoch=True)
+    assert s.on_controller_view(frozenset({1}), 0, 0, frozenset({0, 1}))
+    assert s.begin(100, 0).state is WaitState.ACKED
+
+
+def test_a_slave_reported_in_sync_stays_required_until_a_later_report_is_reflected():
+    """A master that reported slave 1 in sync and then lost it still needs its acks: the
+    controller may yet apply that report. Once the set reflects a later report (the master
+    asks for it: pending), the master acks alone."""
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True)
+    s.become_master(0, session=5)
+    s.on_controller_view(frozenset({0}), 0, 0, frozenset({0, 1}))
+    assert s.report(1, frozenset()) is False
+    assert s.begin(10, 0).state is WaitState.ACKED
+    s.on_report(11, 1, 10, now_ms=0, master_max=10)
+    assert s.in_sync == {1}
+    assert s.report(2, frozenset({1})) is False
+    s.remove(11)                                   # slave 1 goes away before the report applies
+    assert s.in_sync == set()
+    t = s.begin(20, 1)
+    assert t.state is WaitState.WAITING            # the controller may still add 1 from report 2
+    assert s.report(3, frozenset()) is True
+    s.on_controller_view(frozenset({0}), 5, 3, frozenset({0, 1}))
+    assert s.check(t, 2).state is WaitState.ACKED and s.reported == {}
+
+
+def test_reports_of_one_set_keep_one_entry():
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True)
+    s.become_master(0, session=5)
+    for seq in range(1, 1000):
+        s.report(seq, frozenset({1}))
+    assert s.reported == {999: frozenset({1})}
+
+
+def test_an_older_controller_view_is_ignored():
+    """A lagging controller's reply pairs an older set with an older report: it must not
+    replace a newer view (its set could lack a member the newer one has)."""
+    s = HAServiceCore(master_id=0, all_ack_in_sync_state_set=True)
+    s.become_master(0, session=5)
+    assert s.on_controller_view(frozenset({0, 1}), 5, 4, frozenset({0, 1}))
+    assert not s.on_controller_view(frozenset({0}), 5, 2, frozenset({0, 1}))
+    assert not s.on_controller_view(frozenset({0}), 3, 9, frozenset({0, 1}))   # an earlier promotion's
+    assert s.sync_state_set == {0, 1} and s.reflected == (5, 4)
+
+
 # --- property: random event sequences ----------------------------------------------------------
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
