@@ -428,28 +428,8 @@ def verify_stores(cluster: DLedgerCluster, attempts: list[Attempt], topic: str) 
         raw = [_entry_bytes(v.store_dir, *v.entries[idx][1:]) for v in views]
         assert len(set(raw)) == 1, f"entry {idx} differs in bytes between replicas"
     # 2. messages: acked exactly once at the acked place, failed never, unknown at most once
-    by_body = {a.body: a for a in attempts}
     for v in views:
-        seen: dict[str, list[tuple]] = collections.defaultdict(list)
-        per_queue: dict[int, list[int]] = collections.defaultdict(list)
-        for idx, t, qid, qoff, phys, body in v.messages:
-            if t != topic or idx > low:
-                continue
-            seen[body].append((qid, qoff, phys))
-            per_queue[qid].append(qoff)
-        dups = {b: p for b, p in seen.items() if len(p) > 1}
-        assert not dups, f"{v.store_dir}: messages stored more than once: {list(dups.items())[:5]}"
-        stray = [b for b in seen if b not in by_body]
-        assert not stray, f"{v.store_dir}: messages nobody sent: {stray[:5]}"
-        for qid, offs in per_queue.items():
-            assert sorted(offs) == list(range(len(offs))), f"{v.store_dir}: queue {qid} offsets not dense/unique"
-        for a in attempts:
-            got = seen.get(a.body)
-            if a.outcome == ACKED:
-                assert got == [(a.queue_id, a.queue_offset, a.commitlog_offset)], \
-                    f"{v.store_dir}: acked {a} stored as {got}"
-            elif a.outcome == FAILED:
-                assert got is None, f"{v.store_dir}: failed send {a} is visible at {got}"
+        check_messages(v.store_dir, [m[1:] for m in v.messages if m[0] <= low], attempts, topic)
     # 3. consume queues equal a rebuild from the committed log (the pipeline's rebuild)
     for v in views:
         compare_consume_queues(v.store_dir, v.committed_index)
@@ -460,6 +440,31 @@ def verify_stores(cluster: DLedgerCluster, attempts: list[Attempt], topic: str) 
             "failed": sum(1 for a in attempts if a.outcome == FAILED),
             "unknown": sum(1 for a in attempts if a.outcome == UNKNOWN),
             "unknown_visible": sum(1 for a in attempts if a.outcome == UNKNOWN and a.body in visible)}
+
+
+def check_messages(where: str, rows: list[tuple], attempts: list[Attempt], topic: str) -> None:
+    """One replica's stored messages, rows of (topic, queue_id, queue_offset, commitlog_offset,
+    body), against the workload: every acked message exactly once at its acked place, no
+    failed one, no message nobody sent, none twice, queue offsets dense and unique."""
+    by_body = {a.body: a for a in attempts}
+    seen: dict[str, list[tuple]] = collections.defaultdict(list)
+    per_queue: dict[int, list[int]] = collections.defaultdict(list)
+    for t, qid, qoff, phys, body in rows:
+        if t == topic:
+            seen[body].append((qid, qoff, phys))
+            per_queue[qid].append(qoff)
+    dups = {b: p for b, p in seen.items() if len(p) > 1}
+    assert not dups, f"{where}: messages stored more than once: {list(dups.items())[:5]}"
+    stray = [b for b in seen if b not in by_body]
+    assert not stray, f"{where}: messages nobody sent: {stray[:5]}"
+    for qid, offs in per_queue.items():
+        assert sorted(offs) == list(range(len(offs))), f"{where}: queue {qid} offsets not dense/unique"
+    lost = [a for a in attempts
+            if a.outcome == ACKED and seen.get(a.body) != [(a.queue_id, a.queue_offset, a.commitlog_offset)]]
+    assert not lost, f"{where}: {len(lost)} acked messages missing or moved, e.g. " + \
+        "; ".join(f"{a} stored as {seen.get(a.body)}" for a in lost[:3])
+    visible = [(a, seen[a.body]) for a in attempts if a.outcome == FAILED and a.body in seen]
+    assert not visible, f"{where}: failed sends visible: {visible[:3]}"
 
 
 def _sample(n: int) -> list[int]:

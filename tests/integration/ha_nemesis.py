@@ -31,24 +31,18 @@ both, nothing failed visible, dense queue offsets, consume queues equal to a reb
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
 import random
-import shutil
-import sys
-import tempfile
-import threading
 import time
 
 from deploy.faultproxy import ProxyHub
 from mqstore import localcluster as lc
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
-from tests.integration.dledger_harness import (ACKED, FAILED, SMALL_FILES, Attempt, Workload,
+from tests.integration.dledger_harness import (ACKED, FAILED, SMALL_FILES, Attempt, Workload, check_messages,
                                                compare_consume_queues)
-from tests.integration.nemesis import MONITOR_PERIOD_S, Fault, Nemesis, schedule
+from tests.integration.nemesis import ClaimMonitor, Fault, Nemesis, cli, run_figures, schedule, seed_failed
 
 BROKERS = ("b0", "b1")
 CONTROLLERS = ("c0", "c1", "c2")
@@ -246,32 +240,15 @@ class ClassicNemesis(Nemesis):
                 c.start()
 
 
-class MasterMonitor:
-    """Polls every live broker's /cluster; remembers which brokers claimed MASTER at each epoch."""
-
-    def __init__(self, group: ClassicGroup):
-        self.group = group
-        self.claims: dict[int, set[str]] = collections.defaultdict(set)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="master-monitor", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(MONITOR_PERIOD_S):
-            for b in BROKERS:
-                doc = self.group._doc(b)
-                lg = (doc or {}).get("log") or {}
-                if doc and doc.get("role") == "MASTER" and lg.get("master_epoch") is not None:
-                    self.claims[int(lg["master_epoch"])].add(b)
-
-    def split_epochs(self) -> dict[int, list[str]]:
-        return {e: sorted(ids) for e, ids in self.claims.items() if len(ids) > 1}
+def master_claims(group: ClassicGroup) -> list[tuple[int, str]]:
+    """(master epoch, broker) of every live broker whose /cluster says MASTER."""
+    out = []
+    for b in BROKERS:
+        doc = group._doc(b)
+        lg = (doc or {}).get("log") or {}
+        if doc and doc.get("role") == "MASTER" and lg.get("master_epoch") is not None:
+            out.append((int(lg["master_epoch"]), b))
+    return out
 
 
 # --- offline checks --------------------------------------------------------------------------
@@ -308,33 +285,15 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
     end = ends["b0"]
     assert _raw(group.nodes["b0"].store_dir, end) == _raw(group.nodes["b1"].store_dir, end), \
         "the brokers' commitlog bytes differ"
-    by_body = {a.body: a for a in attempts}
     for b, (rows, _) in logs.items():
-        seen: dict[str, list[tuple]] = collections.defaultdict(list)
-        per_queue: dict[int, list[int]] = collections.defaultdict(list)
-        for t, qid, qoff, phys, body in rows:
-            if t == topic:
-                seen[body].append((qid, qoff, phys))
-                per_queue[qid].append(qoff)
-        dups = {k: v for k, v in seen.items() if len(v) > 1}
-        assert not dups, f"{b}: messages stored more than once: {list(dups.items())[:5]}"
-        stray = [k for k in seen if k not in by_body]
-        assert not stray, f"{b}: messages nobody sent: {stray[:5]}"
-        for qid, offs in per_queue.items():
-            assert sorted(offs) == list(range(len(offs))), f"{b}: queue {qid} offsets not dense and unique"
-        lost = [a for a in attempts if a.outcome == ACKED and seen.get(a.body) != [(a.queue_id, a.queue_offset,
-                                                                                   a.commitlog_offset)]]
-        assert not lost, f"{b}: {len(lost)} acked messages missing or moved, e.g. " + \
-            "; ".join(f"{a} stored as {seen.get(a.body)}" for a in lost[:3])
-        visible = [a for a in attempts if a.outcome == FAILED and a.body in seen]
-        assert not visible, f"{b}: failed sends visible: {visible[:3]}"
+        check_messages(b, rows, attempts, topic)
     for n in group.nodes.values():
         compare_consume_queues(n.store_dir, None)
     outcomes = collections.Counter(a.outcome for a in attempts)
+    stored = {r[4] for r in logs["b0"][0]}
     return {"commitlog_bytes": end, "acked": outcomes[ACKED], "failed": outcomes[FAILED],
             "unknown": len(attempts) - outcomes[ACKED] - outcomes[FAILED],
-            "unknown_visible": sum(1 for a in attempts if a.outcome not in (ACKED, FAILED)
-                                   and a.body in {r[4] for r in logs["b0"][0]})}
+            "unknown_visible": sum(1 for a in attempts if a.outcome not in (ACKED, FAILED) and a.body in stored)}
 
 
 def run_seed(seed: int, seconds: float, root: str) -> dict:
@@ -347,7 +306,7 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         workload.create_topic()
         workload.start()
         workload.wait_acks(50)
-        monitor = MasterMonitor(group)
+        monitor = ClaimMonitor(lambda: master_claims(group))
         monitor.start()
         nemesis = ClassicNemesis(group, random.Random(seed))
         nemesis.run(steps, time.monotonic() + 2 * seconds)
@@ -358,7 +317,7 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         group.wait_in_sync(CONVERGE_S)
         workload.stop()
         monitor.stop()
-        split = monitor.split_epochs()
+        split = monitor.split()
         assert not split, f"two masters at one epoch: {split}"
         group.wait_in_sync(CONVERGE_S)
         codes = group.stop_all("TERM")
@@ -367,49 +326,17 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         attempts = workload.snapshot()
         figures = verify_classic(group, attempts, workload.topic)
     except BaseException as e:
-        if workload is not None:
-            workload.halt()
-        if monitor is not None:
-            monitor.stop()
-        applied = "\n".join(nemesis.applied) if nemesis else "(none)"
-        summary = workload.summary() if workload is not None else ""
-        raise AssertionError(f"HA nemesis seed {seed} ({seconds} s) failed: {e}\nsteps applied:\n{applied}\n"
-                             f"{summary}\n{group.describe()}") from e
+        raise seed_failed(e, f"HA nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis,
+                          group.describe) from e
     finally:
         group.close()
-    figures.update({"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
-                    "epochs_seen": len(monitor.claims), "attempts": len(attempts),
-                    "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
-                                                         if a.outcome != ACKED).most_common(6)),
-                    "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))})
+    figures.update(run_figures(seed, nemesis, liveness_s, attempts), epochs_seen=len(monitor.claims))
     return figures
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.integration.ha_nemesis",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", type=int, default=3, help="how many seeds")
-    p.add_argument("--start", type=int, default=1, help="first seed")
-    p.add_argument("--seconds", type=float, default=60.0, help="faults per seed, seconds of hold and rest")
-    p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
-    args = p.parse_args(argv)
-    failed = 0
-    for seed in range(args.start, args.start + args.seeds):
-        root = tempfile.mkdtemp(prefix=f"ha-nemesis-{seed}-")
-        try:
-            print(json.dumps({"ok": True, **run_seed(seed, args.seconds, root)}), flush=True)
-            shutil.rmtree(root, ignore_errors=True)
-        except AssertionError as e:
-            failed += 1
-            print(json.dumps({"ok": False, "seed": seed, "error": str(e)[:4000]}), flush=True)
-            if args.keep:
-                os.makedirs(args.keep, exist_ok=True)
-                shutil.move(root, os.path.join(args.keep, f"ha-seed-{seed}"))
-            else:
-                shutil.rmtree(root, ignore_errors=True)
-    print(json.dumps({"seeds": args.seeds, "failed": failed}))
-    return 1 if failed else 0
+    return cli(argv, "python -m tests.integration.ha_nemesis", __doc__, "ha-nemesis", run_seed)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -39,6 +39,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, Workload, verify_stores
@@ -101,15 +102,15 @@ def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tup
     return Fault(kind, target)
 
 
-class LeaderMonitor:
-    """Polls every live node's /cluster; remembers which nodes claimed leadership of each term."""
+class ClaimMonitor:
+    """Polls `claims()` every MONITOR_PERIOD_S on a thread: (term or epoch, node) for each node
+    that says it leads; remembers who claimed each term. `split()`: terms claimed twice."""
 
-    def __init__(self, cluster: DLedgerCluster):
-        self.cluster = cluster
+    def __init__(self, claims: Callable[[], list[tuple[int, str]]]):
+        self._claims = claims
         self.claims: dict[int, set[str]] = collections.defaultdict(set)
-        self.polls = 0
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="leader-monitor", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="claim-monitor", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -120,17 +121,22 @@ class LeaderMonitor:
 
     def _run(self) -> None:
         while not self._stop.wait(MONITOR_PERIOD_S):
-            for i, n in list(self.cluster.nodes.items()):
-                if not n.running or n.stopped:
-                    continue
-                doc = try_http(n.api, "/cluster", 0.3)
-                self.polls += 1
-                lg = (doc or {}).get("log") or {}
-                if lg.get("role") == "LEADER" and lg.get("term") is not None:
-                    self.claims[int(lg["term"])].add(i)
+            for term, node in self._claims():
+                self.claims[term].add(node)
 
-    def split_terms(self) -> dict[int, list[str]]:
+    def split(self) -> dict[int, list[str]]:
         return {t: sorted(ids) for t, ids in self.claims.items() if len(ids) > 1}
+
+
+def leader_claims(cluster: DLedgerCluster) -> list[tuple[int, str]]:
+    """(term, node) of every live node whose /cluster says LEADER."""
+    out = []
+    for i, n in list(cluster.nodes.items()):
+        if n.running and not n.stopped:
+            lg = (try_http(n.api, "/cluster", 0.3) or {}).get("log") or {}
+            if lg.get("role") == "LEADER" and lg.get("term") is not None:
+                out.append((int(lg["term"]), i))
+    return out
 
 
 class Nemesis:
@@ -235,7 +241,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         workload.create_topic()
         workload.start()
         workload.wait_acks(50)
-        monitor = LeaderMonitor(cluster)
+        monitor = ClaimMonitor(lambda: leader_claims(cluster))
         monitor.start()
         nemesis = Nemesis(cluster, random.Random(seed))
         nemesis.run(steps, time.monotonic() + 2 * seconds)
@@ -246,7 +252,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         liveness_s = workload.failover_s(healed_at)
         workload.stop()
         monitor.stop()
-        split = monitor.split_terms()
+        split = monitor.split()
         assert not split, f"two leaders in one term: {split}"
         cluster.wait_converged(timeout_s=30)
         codes = cluster.stop_all("TERM")
@@ -254,39 +260,47 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         attempts = workload.snapshot()
         figures = verify_stores(cluster, attempts, workload.topic)
     except BaseException as e:
-        if workload is not None:
-            workload.halt()
-        if monitor is not None:
-            monitor.stop()
-        applied = "\n".join(nemesis.applied) if nemesis else "(none)"
-        summary = workload.summary() if workload is not None else ""
-        raise AssertionError(f"nemesis seed {seed} ({seconds} s) failed: {e}\nsteps applied:\n{applied}\n"
-                             f"{summary}\n{cluster.describe()}") from e
+        raise seed_failed(e, f"nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis, cluster.describe) from e
     finally:
         cluster.close()
-    terms = sorted(monitor.claims)
-    figures.update({"seed": seed, "nodes": nodes, "steps": len(nemesis.applied),
-                    "liveness_s": round(liveness_s or 0.0, 3),
-                    "leader_terms_seen": len(terms), "attempts": len(attempts),
-                    "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
-                                                         if a.outcome != ACKED).most_common(6)),
-                    "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))})
+    figures.update(run_figures(seed, nemesis, liveness_s, attempts), nodes=nodes, leader_terms_seen=len(monitor.claims))
     return figures
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.integration.nemesis", description=__doc__.split("\n\n")[0])
+def seed_failed(e: BaseException, title: str, workload, monitor, nemesis, describe) -> AssertionError:
+    """Stop the run's threads; the error names the steps applied and the group's state."""
+    if workload is not None:
+        workload.halt()
+    if monitor is not None:
+        monitor.stop()
+    applied = "\n".join(nemesis.applied) if nemesis else "(none)"
+    summary = workload.summary() if workload is not None else ""
+    return AssertionError(f"{title} failed: {e}\nsteps applied:\n{applied}\n{summary}\n{describe()}")
+
+
+def run_figures(seed: int, nemesis: Nemesis, liveness_s: float | None, attempts: list) -> dict:
+    return {"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
+            "attempts": len(attempts),
+            "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
+                                                 if a.outcome != ACKED).most_common(6)),
+            "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))}
+
+
+def cli(argv: list[str] | None, prog: str, doc: str, prefix: str, run, nodes: tuple[int, ...] = ()) -> int:
+    """Run seeds one after another, one JSON line each; keep a failing seed's files if asked."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3, help="how many seeds")
     p.add_argument("--start", type=int, default=1, help="first seed")
     p.add_argument("--seconds", type=float, default=60.0, help="faults per seed, seconds of hold and rest")
-    p.add_argument("--nodes", type=int, choices=(3, 5), default=3, help="group size")
+    if nodes:
+        p.add_argument("--nodes", type=int, choices=nodes, default=nodes[0], help="group size")
     p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
     args = p.parse_args(argv)
     failed = 0
     for seed in range(args.start, args.start + args.seeds):
-        root = tempfile.mkdtemp(prefix=f"nemesis-{seed}-")
+        root = tempfile.mkdtemp(prefix=f"{prefix}-{seed}-")
         try:
-            figures = run_seed(seed, args.seconds, root, args.nodes)
+            figures = run(seed, args.seconds, root, **({"nodes": args.nodes} if nodes else {}))
             print(json.dumps({"ok": True, **figures}), flush=True)
             shutil.rmtree(root, ignore_errors=True)
         except AssertionError as e:
@@ -294,13 +308,17 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"ok": False, "seed": seed, "error": str(e)[:4000]}), flush=True)
             if args.keep:
                 os.makedirs(args.keep, exist_ok=True)
-                dest = os.path.join(args.keep, f"seed-{seed}")
+                dest = os.path.join(args.keep, f"{prefix}-seed-{seed}")
                 shutil.move(root, dest)
                 print(f"seed {seed}: stores and logs kept in {dest}", file=sys.stderr)
             else:
                 shutil.rmtree(root, ignore_errors=True)
     print(json.dumps({"seeds": args.seeds, "failed": failed}))
     return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli(argv, "python -m tests.integration.nemesis", __doc__, "nemesis", run_seed, nodes=(3, 5))
 
 
 if __name__ == "__main__":
