@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -41,6 +42,37 @@ TLS_CONTEXT: Any = None
 
 
 def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
+    """One request to `endpoint`. A NOT_LEADER answer (nothing was done) is followed to the
+    leader it names, at most twice; one naming no leader (an election under way) is tried
+    again for up to NO_LEADER_WAIT_S. One that says the outcome is unknown is not repeated."""
+    deadline = time.monotonic() + NO_LEADER_WAIT_S
+    redirects = 0
+    for _ in range(MAX_ATTEMPTS):
+        try:
+            return _call_once(endpoint, method, path, doc)
+        except _NotLeader as e:
+            if "unknown" in e.text:
+                raise CliError(e.text) from None
+            if e.leader and e.leader != endpoint and redirects < 2:
+                endpoint, redirects = e.leader, redirects + 1
+            elif time.monotonic() >= deadline:
+                raise CliError(e.text) from None
+            else:
+                time.sleep(0.25)
+    raise CliError(f"no leader answered {method} {path} in {NO_LEADER_WAIT_S:.0f} s")
+
+
+NO_LEADER_WAIT_S = 5.0
+MAX_ATTEMPTS = 40          # 0.25 s apart: the wait above, and two redirects
+
+
+class _NotLeader(Exception):
+    def __init__(self, text: str, leader: str | None):
+        super().__init__(text)
+        self.text, self.leader = text, leader
+
+
+def _call_once(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
     url = f"{'https' if TLS_CONTEXT is not None else 'http'}://{endpoint}{path}"
     data = json.dumps(doc).encode() if doc is not None else None
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -52,7 +84,6 @@ def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
             raise CliError(f"MQSTORE_CLUSTER_SECRET_FILE: {e}") from None
         headers.update(sign_request(secret, "mqstore-cli", method, path, data or b""))
     if CREDENTIALS is not None:
-        import time
         from node.acl import sign_headers
         headers.update(sign_headers(CREDENTIALS[0], CREDENTIALS[1], method, path, None, data,
                                     int(time.time() * 1000)))
@@ -61,7 +92,10 @@ def call(endpoint: str, method: str, path: str, doc: dict | None = None) -> Any:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT_S, context=TLS_CONTEXT) as resp:
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
-        text = _describe_error(e)
+        body = e.read()
+        text = _describe_error(e, body)
+        if e.code == 421:
+            raise _NotLeader(text, _leader_hint(body)) from None
         if e.code == 401 and "cluster secret" in text and not os.environ.get("MQSTORE_CLUSTER_SECRET_FILE"):
             text += " (set MQSTORE_CLUSTER_SECRET_FILE to the cluster's secret file)"
         raise CliError(text) from None
@@ -89,9 +123,17 @@ def set_tls_ca(ca_file: str | None) -> None:
             raise CliError(str(e)) from None
 
 
-def _describe_error(e: urllib.error.HTTPError) -> str:
+def _leader_hint(body: bytes) -> str | None:
     try:
-        doc = json.loads(e.read())
+        leader = json.loads(body).get("leader")
+    except (ValueError, AttributeError):
+        return None
+    return leader if isinstance(leader, str) and leader else None
+
+
+def _describe_error(e: urllib.error.HTTPError, body: bytes | None = None) -> str:
+    try:
+        doc = json.loads(e.read() if body is None else body)
         text = f"{doc['error']}: {doc['message']}"
         if doc.get("leader"):
             text += f" (leader: {doc['leader']})"
