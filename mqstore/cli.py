@@ -25,6 +25,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
+from mqstore.client.errors import not_leader_hint
+
 DEFAULT_ENDPOINT = "127.0.0.1:10911"
 HTTP_TIMEOUT_S = 35.0          # above the broker's long-poll cap for `pull --wait`
 
@@ -95,7 +97,7 @@ def _call_once(endpoint: str, method: str, path: str, doc: dict | None = None) -
         body = e.read()
         text = _describe_error(e, body)
         if e.code == 421:
-            raise _NotLeader(text, _leader_hint(body)) from None
+            raise _NotLeader(text, not_leader_hint(body)) from None
         if e.code == 401 and "cluster secret" in text and not os.environ.get("MQSTORE_CLUSTER_SECRET_FILE"):
             text += " (set MQSTORE_CLUSTER_SECRET_FILE to the cluster's secret file)"
         raise CliError(text) from None
@@ -121,14 +123,6 @@ def set_tls_ca(ca_file: str | None) -> None:
             TLS_CONTEXT = client_context_from_env(ca_file)
         except (ConfigError, OSError) as e:
             raise CliError(str(e)) from None
-
-
-def _leader_hint(body: bytes) -> str | None:
-    try:
-        leader = json.loads(body).get("leader")
-    except (ValueError, AttributeError):
-        return None
-    return leader if isinstance(leader, str) and leader else None
 
 
 def _describe_error(e: urllib.error.HTTPError, body: bytes | None = None) -> str:

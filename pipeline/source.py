@@ -43,6 +43,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
+from mqstore.client.errors import not_leader_hint
 from pipeline import parsers as P
 
 EARLIEST = -2
@@ -354,22 +355,11 @@ def rest_get(endpoint: str, path: str, params: dict | None = None, redirects: in
             return json.loads(resp.read())
     except urllib.error.HTTPError as e:
         raw = e.read()[:2000]
-        leader = _not_leader_hint(raw)
+        leader = not_leader_hint(raw)
         if leader and redirects > 0:
             scheme = _base_url(endpoint).split("://", 1)[0]
             return rest_get(f"{scheme}://{leader}", path, params, redirects - 1)
         raise RuntimeError(f"GET {url}: HTTP {e.code}: {raw[:500].decode('utf-8', 'replace')}") from None
-
-
-def _not_leader_hint(raw: bytes) -> str | None:
-    """The `leader` of a NOT_LEADER error body, if it is one and names a node."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None
-    if isinstance(doc, dict) and doc.get("error") == "NOT_LEADER" and isinstance(doc.get("leader"), str):
-        return doc["leader"] or None
-    return None
 
 
 def list_topics(endpoint: str) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 
 class MQClientError(Exception):
     """Base of every error the client raises."""
@@ -31,3 +33,14 @@ class MQConnectError(MQClientError):
 
 class MQConfigError(MQClientError, ValueError):
     """A client setting or argument is invalid; the message names it."""
+
+
+def not_leader_hint(body: bytes) -> str | None:
+    """The `leader` of a NOT_LEADER error body, if it is one and names a node (host:port)."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(doc, dict) and doc.get("error") == "NOT_LEADER" and isinstance(doc.get("leader"), str):
+        return doc["leader"] or None
+    return None

@@ -196,12 +196,6 @@ class ClassicGroup:
 
 
 class ClassicNemesis(Nemesis):
-    def current_leader(self) -> str | None:
-        try:
-            return self.cluster.leader(timeout_s=2.0)
-        except AssertionError:
-            return None
-
     def _apply(self, f: Fault, node: str, used: list[str]):
         g: ClassicGroup = self.cluster
         if f.kind in ("kill9_controller", "sigstop_controller"):

@@ -228,26 +228,11 @@ def test_endpoint_stream_reads_what_is_there(spark, node_endpoint, tmp_path):
 def test_endpoint_requests_follow_a_not_leader_answer_to_the_node_it_names():
     """A follower or slave with slaveReadEnable=false answers pulls with 421 NOT_LEADER naming
     the leader: endpoint mode reads there instead of failing. Without a name it fails, saying why."""
-    import http.server
-    import threading
     from pipeline.source import rest_get
+    from tests.json_stub import json_server
 
-    def server(handler_body):
-        class H(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                status, doc = handler_body(self.path)
-                raw = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def log_message(self, *a):
-                pass
-        srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        return srv
+    def server(answer):
+        return json_server(answer)[0]
 
     leader = server(lambda path: (200, {"status": "FOUND", "path": path}))
     # the follower names the leader; a lost one names nobody

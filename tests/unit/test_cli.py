@@ -121,28 +121,16 @@ def test_controller_verb_passes_its_own_flags_through(capsys):
 
 
 def _stub(answers: list[tuple[int, dict]]):
-    """A loopback HTTP server answering each request with the next (status, doc); its address
-    and the list of paths it was asked."""
-    import http.server
+    """A JSON server answering each request with the next of `answers` (the last one repeats);
+    its address and the paths it was asked."""
+    from tests.json_stub import json_server
     asked: list[str] = []
 
-    class H(http.server.BaseHTTPRequestHandler):
-        def _answer(self):
-            asked.append(self.path)
-            st, doc = answers.pop(0) if len(answers) > 1 else answers[0]
-            body = json.dumps(doc).encode()
-            self.send_response(st)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        do_GET = do_POST = _answer
-
-        def log_message(self, *a):
-            pass
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    return srv, f"127.0.0.1:{srv.server_address[1]}", asked
+    def answer(path: str) -> tuple[int, dict]:
+        asked.append(path)
+        return answers.pop(0) if len(answers) > 1 else answers[0]
+    srv, addr = json_server(answer)
+    return srv, addr, asked
 
 
 def test_a_not_leader_answer_is_followed_or_waited_out_but_an_unknown_outcome_is_not_repeated(monkeypatch):
