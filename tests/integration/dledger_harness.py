@@ -8,7 +8,7 @@
   NOT_LEADER hint, recording every attempt as acked / failed / unknown:
     acked    200 + SEND_OK: the message must be committed at the acked (queue, offset)
     failed   the node said so before anything was proposed (NOT_LEADER without "unknown",
-             connection refused): the message must never become visible
+             a full disk's 507, connection refused): the message must never become visible
     unknown  timeout, reset after the request left, FLUSH_SLAVE_TIMEOUT, or an error that
              says the outcome is unknown: it may appear, at most once
   A retry after any outcome is a new message with a new body, so "exactly once" is checkable.
@@ -40,6 +40,7 @@ from mqstore import localcluster as lc
 from mqstore.cluster import plan
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
+from tests.integration.small_disk import SmallDisk
 GROUP = "broker-a"
 SEGMENT_BYTES = 256 * 1024          # small data segments: rolls and blanks happen during the run
 CQ_UNITS_PER_FILE = 300             # small consume-queue files, as the rebuild must be told
@@ -85,7 +86,8 @@ class NodeProc(lc.NodeProc):
 class DLedgerCluster:
     """Three DLedger nodes whose Raft links all pass through a fault proxy."""
 
-    def __init__(self, root: str, ids: tuple[str, ...] = ("n0", "n1", "n2"), extra_conf: tuple[str, ...] = ()):
+    def __init__(self, root: str, ids: tuple[str, ...] = ("n0", "n1", "n2"), extra_conf: tuple[str, ...] = (),
+                 disk_mib: int | None = None):
         self.root = root
         self.ids = ids
         self.hub = ProxyHub()
@@ -113,6 +115,14 @@ class DLedgerCluster:
                           SMALL_FILES + tuple(extra_conf))
             self.nodes[s.node_id] = NodeProc(s.node_id, api[s.node_id], raft[s.node_id], s.config_path,
                                              s.store_dir, s.log_path)
+        # With `disk_mib`, each store is a file system of its own that a test can fill (small_disk).
+        self.disks: dict[str, SmallDisk] = {}
+        try:
+            for s in specs if disk_mib else ():
+                self.disks[s.node_id] = SmallDisk(s.store_dir, disk_mib).mount()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def apis(self) -> list[str]:
@@ -201,13 +211,17 @@ class DLedgerCluster:
                 codes[i] = n.terminate()
         return codes
 
-    def close(self) -> None:
+    def close(self, keep_stores: bool = False) -> None:
+        """Kill what still runs, close the proxy, unmount the small disks (their stores copied
+        onto the directories underneath with `keep_stores`)."""
         for n in self.nodes.values():
             if n.proc is not None and n.proc.poll() is None:
                 if n.stopped:
                     n.cont()
                 n.kill9()
         self.hub.close()
+        for disk in self.disks.values():
+            disk.unmount(keep=keep_stores)
 
 
 def _rewrite_conf(path: str, replace: dict[str, str], extra: tuple[str, ...]) -> None:
@@ -339,8 +353,8 @@ class Workload:
             return None
         err, message = doc.get("error"), str(doc.get("message", ""))
         a.detail = f"{status} {err}: {message[:160]}"
-        if err == "NOT_LEADER" and "unknown" not in message:
-            a.outcome = FAILED
+        if (err == "NOT_LEADER" and "unknown" not in message) or (status == 507 and err == "SERVICE_NOT_AVAILABLE"):
+            a.outcome = FAILED      # refused before anything was proposed or written (a full disk: DiskFull)
         else:
             a.outcome = UNKNOWN
         return doc.get("leader")

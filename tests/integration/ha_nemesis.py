@@ -14,6 +14,9 @@ what a slave of b0 connects to) and its own way to each controller ("b0>c1"). Fa
     cut_controllers     the broker's links to every controller cut (blackhole or drop)
     cut_ha              the link into the broker's HA port cut: a slave of it gets nothing
     delay_ha            that link delayed 50-600 ms
+    disk_full           the broker's store (a small file system of its own) filled to the last
+                        page, freed when the step ends; mode "restart": the broker is also
+                        killed -9 and started again on the full disk
     kill9_controller    kill -9 of a controller (the leader for target "leader"), restarted
     sigstop_controller  SIGSTOP, then SIGCONT, of a controller
     kill_all            kill -9 of both brokers, then both started again
@@ -42,12 +45,16 @@ from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from tests.integration.dledger_harness import (ACKED, FAILED, SMALL_FILES, Attempt, Workload, check_messages,
                                                compare_consume_queues)
-from tests.integration.nemesis import ClaimMonitor, Fault, Nemesis, cli, run_figures, schedule, seed_failed
+from tests.integration import small_disk
+from tests.integration.nemesis import (DISK_MIB, ClaimMonitor, Fault, Nemesis, cli, run_figures, schedule,
+                                       seed_failed)
+from tests.integration.small_disk import SmallDisk
 
 BROKERS = ("b0", "b1")
 CONTROLLERS = ("c0", "c1", "c2")
-HA_KINDS = ("kill9", "sigstop", "cut_controllers", "cut_ha", "delay_ha", "kill9_controller", "sigstop_controller")
-HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1)
+HA_KINDS = ("kill9", "sigstop", "cut_controllers", "cut_ha", "delay_ha", "kill9_controller", "sigstop_controller",
+            "disk_full")
+HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1, 2)
 CONTROLLER_HEARTBEAT_TIMEOUT_MS = 3000
 # A fault lasts 0.5-7 s: past the controller's heartbeat timeout often enough that masters
 # are replaced (a shorter fault is over before anyone notices).
@@ -67,7 +74,7 @@ class ClassicGroup:
     what dledger_harness.Workload and nemesis.Nemesis use of a group: ids, nodes, apis,
     leader(), describe(), heal(), stop_all()."""
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, disk_mib: int | None = None):
         os.makedirs(root, exist_ok=True)
         self.root, self.ids = root, BROKERS
         self.hub = ProxyHub()
@@ -96,6 +103,14 @@ class ClassicGroup:
                 *lc.classic_lines(k, "SYNC_MASTER", ha, ctl), "allAckInSyncStateSet=true", "minInSyncReplicas=1",
                 "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
             self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
+        # With `disk_mib`, each broker's store is a file system of its own that a test can fill.
+        self.disks: dict[str, SmallDisk] = {}
+        try:
+            for b in BROKERS if disk_mib else ():
+                self.disks[b] = SmallDisk(self.nodes[b].store_dir, disk_mib).mount()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def apis(self) -> list[str]:
@@ -188,11 +203,13 @@ class ClassicGroup:
         for c in self.controllers.values():
             c.stop(10)
 
-    def close(self) -> None:
+    def close(self, keep_stores: bool = False) -> None:
         for p in [*self.nodes.values(), *self.controllers.values()]:
             if p.running:
                 p.kill9()
         self.hub.close()
+        for disk in self.disks.values():
+            disk.unmount(keep=keep_stores)
 
 
 class ClassicNemesis(Nemesis):
@@ -209,7 +226,7 @@ class ClassicNemesis(Nemesis):
             proc.sigstop()
             self.applied.append(f"{self._now()} {f.kind} {c}")
             return proc.cont
-        if f.kind in ("kill9", "sigstop"):
+        if f.kind in ("kill9", "sigstop", "disk_full"):
             return super()._apply(f, node, used)
         what = f"{self._now()} {f.kind} {node}"
         if f.kind == "cut_controllers":
@@ -291,9 +308,12 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
 
 
 def run_seed(seed: int, seconds: float, root: str) -> dict:
-    steps = schedule(seed, seconds, HA_KINDS, HA_WEIGHTS, HA_HOLD_S)
-    group = ClassicGroup(os.path.join(root, "group"))
+    no_disk = small_disk.unavailable()
+    kinds = tuple(k for k in HA_KINDS if not (no_disk and k == "disk_full"))
+    steps = schedule(seed, seconds, kinds, tuple(w for k, w in zip(HA_KINDS, HA_WEIGHTS) if k in kinds), HA_HOLD_S)
+    group = ClassicGroup(os.path.join(root, "group"), disk_mib=None if no_disk else DISK_MIB)
     workload = monitor = nemesis = None
+    failed = True
     try:
         group.start()
         workload = Workload(group, topic="HaChaos", max_attempts=400_000, max_s=seconds + LIVENESS_S + 180)
@@ -319,12 +339,14 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         group.stop_controllers()
         attempts = workload.snapshot()
         figures = verify_classic(group, attempts, workload.topic)
+        failed = False
     except BaseException as e:
         raise seed_failed(e, f"HA nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis,
                           group.describe) from e
     finally:
-        group.close()
-    figures.update(run_figures(seed, nemesis, liveness_s, attempts), epochs_seen=len(monitor.claims))
+        group.close(keep_stores=failed)
+    figures.update(run_figures(seed, nemesis, liveness_s, attempts), epochs_seen=len(monitor.claims),
+                   disk_faults=f"off: {no_disk}" if no_disk else "on")
     return figures
 
 

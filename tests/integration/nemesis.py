@@ -12,6 +12,9 @@ rest between steps. Faults:
               both ways (one-way partitions included)
     bridge    the node cut from one peer only; both still reach the third (a bridge partition)
     delay     every Raft link of the node delayed 50-600 ms (a slow network, a slow node)
+    disk_full the node's store (a small file system of its own, tests/integration/small_disk.py)
+              filled to the last page, freed when the step ends; mode "restart": the node is
+              also killed -9 and started again on the full disk
     kill_all  kill -9 of every node at once, then all started again (rare)
 
 Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
@@ -42,10 +45,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
+from tests.integration import small_disk
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, Workload, verify_stores
 
-KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay")
-KIND_WEIGHTS = (3, 2, 3, 2, 1)
+KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full")
+KIND_WEIGHTS = (3, 2, 3, 2, 1, 2)
+DISK_MIB = 160             # each node's store file system, when disk faults run (tmpfs: memory)
 KILL_ALL_P = 0.05          # share of steps that kill every node at once
 TWO_FAULTS_P = 0.25        # share of steps with two faults on different nodes
 LEADER_P = 0.6             # a step's first fault hits the leader this often
@@ -53,6 +58,7 @@ HOLD_S = (0.3, 3.0)        # a fault lasts this long (uniform)
 REST_S = (0.3, 1.5)        # quiet time after a step
 DELAYS_MS = (50, 200, 600)
 LIVENESS_S = 30.0          # after the last step: the first ack within this
+RESTART_ON_FULL_DISK_S = 30.0   # a node restarted on a full disk answers /health within this
 MONITOR_PERIOD_S = 0.1
 
 
@@ -99,7 +105,19 @@ def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tup
                      rng.choice(("in", "out", "both")) if kind == "isolate" else "both")
     if kind.startswith("delay"):
         return Fault(kind, target, str(rng.choice(DELAYS_MS)))
+    if kind == "disk_full":
+        return Fault(kind, target, rng.choice(("", "restart")))
     return Fault(kind, target)
+
+
+def disk_kinds() -> tuple[tuple[str, ...], tuple[int, ...], str | None]:
+    """The kinds and weights to draw from here: without disk_full where no small disk can be
+    mounted (not root), with the reason."""
+    why = small_disk.unavailable()
+    if why is None:
+        return KINDS, KIND_WEIGHTS, None
+    keep = [i for i, k in enumerate(KINDS) if k != "disk_full"]
+    return tuple(KINDS[i] for i in keep), tuple(KIND_WEIGHTS[i] for i in keep), why
 
 
 class ClaimMonitor:
@@ -126,6 +144,18 @@ class ClaimMonitor:
 
     def split(self) -> dict[int, list[str]]:
         return {t: sorted(ids) for t, ids in self.claims.items() if len(ids) > 1}
+
+
+def _wait_serving(n, timeout_s: float, what: str) -> None:
+    """Until the process answers /health; AssertionError (with its log) if it exits or is
+    not serving by then."""
+    deadline = time.monotonic() + timeout_s
+    while try_http(n.api, "/health", 0.5) is None:
+        if not n.running:
+            raise AssertionError(f"{what}: exited with {n.proc.returncode}:\n{n.tail()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not serving in {timeout_s:.0f} s:\n{n.tail()}")
+        time.sleep(0.1)
 
 
 def leader_claims(cluster: DLedgerCluster) -> list[tuple[int, str]]:
@@ -209,6 +239,19 @@ class Nemesis:
             c.hub.set(f"{node}>*", "both", "delay", int(f.mode))
             c.hub.set(f"*>{node}", "both", "delay", int(f.mode))
             self.applied.append(f"{what} {f.mode} ms")
+        elif f.kind == "disk_full":
+            disk = c.disks[node]
+            disk.fill()
+            self.applied.append(f"{what} {disk.used_ratio():.0%}{' restart' if f.mode == 'restart' else ''}")
+            if f.mode != "restart":
+                return disk.free
+            n.kill9()
+            n.start()                # recovery on a full disk: it must come up before space returns
+
+            def up_then_free() -> None:
+                _wait_serving(n, RESTART_ON_FULL_DISK_S, f"{node} restarted on a full disk")
+                disk.free()
+            return up_then_free
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return lambda: c.hub.heal("*")
@@ -219,8 +262,10 @@ class Nemesis:
                 n.start()
 
     def heal_all(self) -> None:
-        """Every fault undone: links healed, paused nodes continued, dead ones started."""
+        """Every fault undone: links healed, disks freed, paused nodes continued, dead ones started."""
         self.cluster.heal()
+        for disk in self.cluster.disks.values():
+            disk.free()
         for n in self.cluster.nodes.values():
             if n.stopped:
                 n.cont()
@@ -232,9 +277,12 @@ class Nemesis:
 
 def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     """One seed's whole run; raises AssertionError (with the applied steps) on any failed check."""
-    steps = schedule(seed, seconds)
-    cluster = DLedgerCluster(os.path.join(root, "cluster"), ids=tuple(f"n{i}" for i in range(nodes)))
+    kinds, weights, no_disk = disk_kinds()
+    steps = schedule(seed, seconds, kinds, weights)
+    cluster = DLedgerCluster(os.path.join(root, "cluster"), ids=tuple(f"n{i}" for i in range(nodes)),
+                             disk_mib=None if no_disk else DISK_MIB)
     workload = monitor = nemesis = None
+    failed = True
     try:
         cluster.start()
         workload = Workload(cluster, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
@@ -259,11 +307,13 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         assert all(c == 0 for c in codes.values()), f"exit codes {codes}"
         attempts = workload.snapshot()
         figures = verify_stores(cluster, attempts, workload.topic)
+        failed = False
     except BaseException as e:
         raise seed_failed(e, f"nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis, cluster.describe) from e
     finally:
-        cluster.close()
-    figures.update(run_figures(seed, nemesis, liveness_s, attempts), nodes=nodes, leader_terms_seen=len(monitor.claims))
+        cluster.close(keep_stores=failed)
+    figures.update(run_figures(seed, nemesis, liveness_s, attempts), nodes=nodes, leader_terms_seen=len(monitor.claims),
+                   disk_faults=f"off: {no_disk}" if no_disk else "on")
     return figures
 
 

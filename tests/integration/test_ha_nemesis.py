@@ -1,7 +1,8 @@
 """Classic HA (three controllers, a SYNC_MASTER and its slave, real processes) under a seeded
 random schedule of faults (tests/integration/ha_nemesis.py): kill -9 and SIGSTOP of either
-broker or of a controller, a broker cut from the controllers, the HA link cut or slowed, both
-brokers killed at once. Afterwards every message acked SEND_OK is on both brokers exactly once
+broker or of a controller, a broker cut from the controllers, the HA link cut or slowed, a
+broker's disk filled to the last page (and the broker restarted on it), both brokers killed at
+once. Afterwards every message acked SEND_OK is on both brokers exactly once
 at its acked place, nothing refused is visible, the commitlogs are byte-identical, no epoch
 ever had two masters, and a master took writes soon after the last fault.
 
@@ -15,6 +16,7 @@ import os
 
 import pytest
 
+from tests.integration import small_disk
 from tests.integration.ha_nemesis import HA_HOLD_S, HA_KINDS, HA_WEIGHTS, run_seed
 from tests.integration.nemesis import schedule
 
@@ -34,3 +36,4 @@ def test_random_faults_lose_no_message_acked_send_ok(tmp_path, seed):
     figures = run_seed(seed, SECONDS, str(tmp_path))
     print(f"ha nemesis: {figures}")
     assert figures["acked"] > 0 and figures["liveness_s"] > 0
+    assert figures["disk_faults"] == "on" or small_disk.unavailable()
