@@ -34,15 +34,20 @@ import enum
 import json
 import logging
 import os
+import shutil
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from node.store.fileio import FileSystem
+from node.store.reserve import DiskReserve
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "controller-state.json"
+JOURNAL_FILE = "raft.journal"
+JOURNAL_RESERVE_BYTES = 16 * 1024 * 1024   # blocks allocated ahead for pysyncobj's mmap'd journal
+STATE_RESERVE_BYTES = 4 * 1024 * 1024      # <data dir>/reserve, given up for a state write on a full disk
 
 
 # ===================================================================================
@@ -491,14 +496,20 @@ class ControllerStateMachine(SyncObj):
     """
 
     def __init__(self, self_raft_addr: str, peer_raft_addrs: list[str], data_dir: str,
-                 fs: FileSystem | None = None, **conf_overrides: Any):
+                 fs: FileSystem | None = None, reserve_bytes: int = STATE_RESERVE_BYTES, **conf_overrides: Any):
         self._fs = fs or FileSystem()
-        self._dir = data_dir
+        self._dir = self.data_dir = data_dir
         self._fs.makedirs(data_dir)
         self._lock = threading.Lock()
         self._durable = load_state(self._fs, data_dir)
+        # Set when the state could not be persisted (a full disk past the reserve): the state
+        # machine applies nothing more and the server stops the process (ControllerServer).
+        self.fatal: OSError | None = None
+        self.reserve = DiskReserve(self._fs, data_dir, reserve_bytes)
+        self.reserve.ensure()
+        journal = os.path.join(data_dir, JOURNAL_FILE)
         conf = SyncObjConf(
-            journalFile=os.path.join(data_dir, "raft.journal"),
+            journalFile=journal,
             # Without a dump file pysyncobj keeps its compaction snapshot in memory only: after a
             # restart of every controller the journal starts past the commit index and the state
             # machine never becomes ready (no election ever again).
@@ -509,17 +520,44 @@ class ControllerStateMachine(SyncObj):
             **conf_overrides)
         super().__init__(self_raft_addr, peer_raft_addrs, conf)
         self.state = copy.deepcopy(self._durable)
+        # pysyncobj's journal is an mmap grown with ftruncate: on a full disk a write into a
+        # grown page kills the process (SIGBUS). Its blocks are allocated ahead instead, so
+        # the journal never needs a new block below this size (compaction keeps it far below).
+        try:
+            self._fs.reserve_blocks(journal, JOURNAL_RESERVE_BYTES)
+        except OSError as e:
+            log.warning("cannot allocate %d bytes ahead for the Raft journal %s (%s): a full disk may then "
+                        "stop this controller with SIGBUS", JOURNAL_RESERVE_BYTES, journal, e)
 
     @replicated
     def apply(self, op: dict) -> bool:
         with self._lock:
+            if self.fatal is not None:
+                raise self.fatal     # stopping: applied nothing (pysyncobj retries it; nobody sees it)
             self.state = merge_states(self.state, self._durable)
             changed = apply_op(self.state, op)
             if changed:
-                # Persist before anyone can observe the decision through our API.
-                save_state(self._fs, self._dir, self.state)
+                # Persist before anyone can observe the decision through our API. A full disk
+                # gives up the reserve for it; past that the decision is not applied here (the
+                # state in memory goes back to the file's) and the process stops: a restart
+                # with room replays it from the journal or the other controllers.
+                try:
+                    self.reserve.using(lambda: save_state(self._fs, self._dir, self.state), STATE_FILE)
+                except OSError as e:
+                    self.state = copy.deepcopy(self._durable)
+                    self.fatal = e
+                    log.critical("controller: cannot persist %s (%s); applying nothing more, stopping",
+                                 STATE_FILE, e)
+                    raise
                 self._durable = copy.deepcopy(self.state)
             return changed
+
+    def keep_reserve(self) -> None:
+        """Put back a reserve given up for a write, once the disk has room again."""
+        size = self.reserve.size
+        if size and self.reserve.given_up and not self._fs.exists(self.reserve.path) \
+                and shutil.disk_usage(self._dir).free > 2 * size:
+            self.reserve.ensure(freed=True)
 
     def snapshot(self) -> dict:
         """A consistent copy of the state for readers on other threads."""

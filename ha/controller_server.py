@@ -44,7 +44,10 @@ from aiohttp import web
 
 from node import peer_auth, tls
 from node.broker import MAX_QUEUES_PER_TOPIC, PERM_DEFAULT, check_user_topic
+from node.log_throttle import LogThrottle
+from node.store.disk_guard import DiskGuard
 from node.store.errors import StoreError
+from node.store.fileio import FileSystem
 from node import dashboard
 from node.metrics import controller_registry
 from prometheus_client import generate_latest
@@ -59,6 +62,9 @@ APPLY_TIMEOUT_S = 5.0
 TICK_S = 0.2
 MAX_BODY_BYTES = 1 << 20
 MAX_TOPICS_PER_REPLY = 4096   # a broker applies at most this many controller topics per heartbeat
+DISK_FULL_PCT = 95            # the data directory's volume this full: API decisions refused (507)
+RESERVE_CHECK_MS = 5000       # how often a reserve given up on a full disk is put back if there is room
+TICK_FAILURE_LOG_S = 30.0     # pysyncobj's failed-tick tracebacks: at most one per this
 
 
 def _mono_ms() -> int:
@@ -96,6 +102,10 @@ class Controller:
         self.opts = opts
         self.api_of_raft = api_of_raft     # Raft address -> API address, for leader hints
         self.live = Liveness()
+        # Decisions asked for through the API are refused (507) on a disk this full; the
+        # leader's own decisions (elections) still go ahead, on the reserve if need be.
+        self.disk = DiskGuard(FileSystem(), sm.data_dir, DISK_FULL_PCT)
+        self._reserve_checked_ms = 0
         self._leader_since_ms: int | None = None
         self._inflight: set[str] = set()   # ops proposed and not yet answered (no duplicate proposals)
         self._tick_task: asyncio.Task | None = None
@@ -140,6 +150,9 @@ class Controller:
         while True:
             await asyncio.sleep(TICK_S)
             now = _mono_ms()
+            if now - self._reserve_checked_ms >= RESERVE_CHECK_MS:
+                self._reserve_checked_ms = now
+                self.sm.keep_reserve()
             if not self.sm.is_leader() or not self.sm.isReady():
                 self._leader_since_ms = None
                 continue
@@ -212,10 +225,19 @@ class Controller:
                                 "master_epoch": g["master_epoch"], "sync_state_set": g["sss"],
                                 "sss_epoch": g["sss_epoch"]})
 
+    def _disk_full(self, request: web.Request) -> web.Response | None:
+        """507 when this controller's disk is too full to take a decision asked for by hand."""
+        if not self.disk.full():
+            return None
+        return _error(request, 507, "SERVICE_NOT_AVAILABLE",
+                      f"controller {self.disk.reason()}: decisions through the API refused until space returns", True)
+
     async def elect_master(self, request: web.Request) -> web.Response:
         if not self.sm.is_leader():
             return _error(request, 421, "NOT_LEADER", "electMaster runs on the leader controller", True,
                           self.leader_api())
+        if (refused := self._disk_full(request)) is not None:
+            return refused
         name = request.match_info["group"]
         body = await _body(request)
         g = self.sm.snapshot()["groups"].get(name)
@@ -249,6 +271,8 @@ class Controller:
             return _error(request, 400, "INVALID_TOPIC", "groups must be a list of group names")
         if not groups:
             return _error(request, 409, "NO_BROKER_GROUP", "no broker group has registered yet", True)
+        if (refused := self._disk_full(request)) is not None:
+            return refused
         version = st["topics"].get(topic, {}).get("version", 0) + 1
         op = {"op": "create_topic", "topic": topic, "queues": queues, "perm": perm,
               "assign": assign_queues(queues, list(groups)), "version": version}
@@ -351,16 +375,47 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event | None = None) -> 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     ticks = loop.create_task(ctl.run_ticks())
+    watcher = loop.create_task(_watch_fatal(sm, stop))
     await stop.wait()
     ticks.cancel()
+    watcher.cancel()
     await runner.cleanup()
     sm.destroy()
-    return 0
+    return 1 if sm.fatal is not None else 0
+
+
+async def _watch_fatal(sm: ControllerStateMachine, stop: asyncio.Event) -> None:
+    """A state that cannot be persisted stops the process: recovery is a restart with room."""
+    while not stop.is_set():
+        await asyncio.sleep(0.5)
+        if sm.fatal is not None:
+            log.error("controller: fatal: cannot persist its state (%s); stopping", sm.fatal)
+            stop.set()
+
+
+class _ThrottleTickFailures(logging.Filter):
+    """pysyncobj logs a traceback for every failed tick (on a full disk, each second it cannot
+    store its meta file): at most one per TICK_FAILURE_LOG_S, with the count held back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._throttle = LogThrottle(TICK_FAILURE_LOG_S)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("failed _onTick"):
+            return True
+        held = self._throttle.due(time.monotonic())
+        if held is None:
+            return False
+        if held:
+            record.msg = f"{record.msg} ({held} more since the last such line)"
+        return True
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("pysyncobj.syncobj").addFilter(_ThrottleTickFailures())
     try:
         controller_security(args)
     except ValueError as e:

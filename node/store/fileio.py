@@ -11,7 +11,10 @@ and return EIO on fsync. Anything that writes a store file takes a `FileSystem`.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import ctypes.util
 import errno
+import functools
 import os
 import random
 import shutil
@@ -131,6 +134,19 @@ class FileSystem:
         with open(path, "rb") as f:
             return f.read()
 
+    def reserve_blocks(self, path: str, size: int) -> None:
+        """Allocate the blocks of the existing file `path` up to `size` bytes without changing
+        its length (fallocate FALLOC_FL_KEEP_SIZE): a file that later grows into them through
+        an mmap (pysyncobj's journal) needs no new block then, so a full disk cannot fault its
+        writes (SIGBUS). OSError when the file system cannot (ENOSPC, EOPNOTSUPP)."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            if _fallocate()(fd, FALLOC_FL_KEEP_SIZE, 0, size) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"fallocate {path}: {os.strerror(err)}")
+        finally:
+            os.close(fd)
+
     def allocate(self, path: str, size: int) -> None:
         """Make `path` a file of `size` bytes whose blocks are all allocated (zeros written,
         not a sparse hole), durably: a reserve whose removal gives that much room back.
@@ -168,6 +184,18 @@ class FileSystem:
     def disk_usage_ratio(self, path: str) -> float:
         usage = shutil.disk_usage(path)
         return usage.used / usage.total if usage.total else 0.0
+
+
+FALLOC_FL_KEEP_SIZE = 0x01
+
+
+@functools.cache
+def _fallocate():
+    """libc's fallocate(2) (the os module has only posix_fallocate, which grows the file)."""
+    fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).fallocate
+    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _data_extents(fd: int, size: int) -> list[tuple[int, int]]:

@@ -40,6 +40,7 @@ from mqstore import localcluster as lc
 from mqstore.cluster import plan
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
+from node.store import layout as L
 from tests.integration.small_disk import SmallDisk
 GROUP = "broker-a"
 SEGMENT_BYTES = 256 * 1024          # small data segments: rolls and blanks happen during the run
@@ -386,12 +387,25 @@ class Workload:
 
 
 # --- offline checks -----------------------------------------------------------------------------
+ENTRY_HEADER_BYTES = L.ENTRY_HEADER.size   # a message's commitlog offset is its entry's pos + this
 @dataclass
 class ReplicaView:
     store_dir: str
     committed_index: int
     entries: dict            # index -> (term, pos, size)
     messages: list           # (index, topic, queue_id, queue_offset, commitlog_offset, body) committed, NORMAL
+
+    @property
+    def first_index(self) -> int:
+        """The first entry the replica holds: 1, or past a retention cut (a full disk deletes
+        the oldest files, as RocketMQ does above diskMaxUsedSpaceRatio)."""
+        return min(self.entries) if self.entries else 1
+
+    @property
+    def min_offset(self) -> int:
+        """The lowest commitlog offset (a body's start: entry pos + header) still held; 0 uncut."""
+        first = self.first_index
+        return self.entries[first][1] + ENTRY_HEADER_BYTES if first > 1 else 0
 
 
 def read_replica(store_dir: str) -> ReplicaView:
@@ -432,34 +446,38 @@ def verify_stores(cluster: DLedgerCluster, attempts: list[Attempt], topic: str) 
     assert not result.committed_divergence and result.ok, f"audit: {result.as_dict()}"
     views = [read_replica(d) for d in dirs]
     low = min(v.committed_index for v in views)
+    start = max(v.first_index for v in views)     # below it some replica cut its head (retention)
     # 1. committed prefixes are byte-identical (header, chain CRC and body: the raw entry bytes)
-    for idx in range(1, low + 1):
+    for idx in range(start, low + 1):
         ref = views[0].entries.get(idx)
         assert ref is not None, f"{dirs[0]} lacks committed entry {idx}"
         for v in views[1:]:
             assert v.entries.get(idx) == ref, f"entry {idx}: {v.entries.get(idx)} vs {ref}"
-    for idx in _sample(low):
+    for idx in _sample(start, low):
         raw = [_entry_bytes(v.store_dir, *v.entries[idx][1:]) for v in views]
         assert len(set(raw)) == 1, f"entry {idx} differs in bytes between replicas"
     # 2. messages: acked exactly once at the acked place, failed never, unknown at most once
+    #    (on a replica that cut its head, of what it still holds)
     for v in views:
-        check_messages(v.store_dir, [m[1:] for m in v.messages if m[0] <= low], attempts, topic)
+        check_messages(v.store_dir, [m[1:] for m in v.messages if m[0] <= low], attempts, topic, v.min_offset)
     # 3. consume queues equal a rebuild from the committed log (the pipeline's rebuild)
     for v in views:
-        compare_consume_queues(v.store_dir, v.committed_index)
+        compare_consume_queues(v.store_dir, v.committed_index, v.min_offset)
     acked = [a for a in attempts if a.outcome == ACKED]
     assert all(a.queue_offset is not None for a in acked)
     visible = {m[5] for m in views[0].messages if m[1] == topic}
-    return {"committed_index": low, "acked": len(acked),
+    return {"committed_index": low, "acked": len(acked), "first_index": {os.path.basename(os.path.dirname(v.store_dir)):
+                                                                             v.first_index for v in views},
             "failed": sum(1 for a in attempts if a.outcome == FAILED),
             "unknown": sum(1 for a in attempts if a.outcome == UNKNOWN),
             "unknown_visible": sum(1 for a in attempts if a.outcome == UNKNOWN and a.body in visible)}
 
 
-def check_messages(where: str, rows: list[tuple], attempts: list[Attempt], topic: str) -> None:
+def check_messages(where: str, rows: list[tuple], attempts: list[Attempt], topic: str, min_offset: int = 0) -> None:
     """One replica's stored messages, rows of (topic, queue_id, queue_offset, commitlog_offset,
     body), against the workload: every acked message exactly once at its acked place, no
-    failed one, no message nobody sent, none twice, queue offsets dense and unique."""
+    failed one, no message nobody sent, none twice, queue offsets dense and unique (from 0,
+    or, when the replica's log starts at `min_offset` after a retention cut, from its first)."""
     by_body = {a.body: a for a in attempts}
     seen: dict[str, list[tuple]] = collections.defaultdict(list)
     per_queue: dict[int, list[int]] = collections.defaultdict(list)
@@ -472,24 +490,30 @@ def check_messages(where: str, rows: list[tuple], attempts: list[Attempt], topic
     stray = [b for b in seen if b not in by_body]
     assert not stray, f"{where}: messages nobody sent: {stray[:5]}"
     for qid, offs in per_queue.items():
-        assert sorted(offs) == list(range(len(offs))), f"{where}: queue {qid} offsets not dense/unique"
+        offs.sort()
+        first = offs[0] if min_offset else 0
+        assert offs == list(range(first, first + len(offs))), f"{where}: queue {qid} offsets not dense/unique"
     lost = [a for a in attempts
-            if a.outcome == ACKED and seen.get(a.body) != [(a.queue_id, a.queue_offset, a.commitlog_offset)]]
+            if a.outcome == ACKED and a.commitlog_offset >= min_offset
+            and seen.get(a.body) != [(a.queue_id, a.queue_offset, a.commitlog_offset)]]
     assert not lost, f"{where}: {len(lost)} acked messages missing or moved, e.g. " + \
         "; ".join(f"{a} stored as {seen.get(a.body)}" for a in lost[:3])
     visible = [(a, seen[a.body]) for a in attempts if a.outcome == FAILED and a.body in seen]
     assert not visible, f"{where}: failed sends visible: {visible[:3]}"
 
 
-def _sample(n: int) -> list[int]:
+def _sample(first: int, last: int) -> list[int]:
     """Every index for small logs; otherwise a spread (the chain CRC already covers each entry)."""
+    n = last - first + 1
     if n <= 4000:
-        return list(range(1, n + 1))
+        return list(range(first, last + 1))
     step = n // 4000 + 1
-    return sorted(set(range(1, n + 1, step)) | {n})
+    return sorted(set(range(first, last + 1, step)) | {last})
 
 
-def compare_consume_queues(store_dir: str, committed_index: int) -> None:
+def compare_consume_queues(store_dir: str, committed_index: int, min_offset: int = 0) -> None:
+    """The node's consume queues equal a rebuild from its committed log; after a retention cut
+    (`min_offset` > 0) unit by unit at each queue offset, for the messages the log still holds."""
     import tempfile
 
     from node.store.consume_queue import count_valid_units
@@ -497,6 +521,12 @@ def compare_consume_queues(store_dir: str, committed_index: int) -> None:
     with tempfile.TemporaryDirectory(dir=os.path.dirname(store_dir)) as target:
         rebuild(store_dir, target, committed_index=committed_index, units_per_file=CQ_UNITS_PER_FILE,
                 index_hash_slots=1000, index_max_entries=4000)
+        if min_offset:
+            mine_at = _units_at(os.path.join(store_dir, "consumequeue"), min_offset)
+            built_at = _units_at(os.path.join(target, "consumequeue"), min_offset)
+            assert mine_at == built_at, f"{store_dir}: consume queues past the cut differ from the rebuild: " + \
+                str(sorted((q, len(mine_at.get(q, {})), len(built_at.get(q, {}))) for q in set(mine_at) | set(built_at)))
+            return
         mine = _queue_units(os.path.join(store_dir, "consumequeue"), count_valid_units)
         built = _queue_units(os.path.join(target, "consumequeue"), count_valid_units)
     assert set(mine) == set(built), f"{store_dir}: queues {sorted(mine)} vs rebuilt {sorted(built)}"
@@ -504,6 +534,27 @@ def compare_consume_queues(store_dir: str, committed_index: int) -> None:
         assert len(mine[q]) == len(built[q]), \
             f"{store_dir}: {q} has {len(mine[q]) // 20} units, rebuild {len(built[q]) // 20}"
         assert mine[q] == built[q], f"{store_dir}: {q} differs from the rebuild"
+
+
+def _units_at(cq_root: str, min_offset: int) -> dict[str, dict[int, bytes]]:
+    """queue -> {queue offset: unit} of the valid units pointing at or past `min_offset`."""
+    out: dict[str, dict[int, bytes]] = {}
+    if not os.path.isdir(cq_root):
+        return out
+    for topic in sorted(os.listdir(cq_root)):
+        for qid in sorted(os.listdir(os.path.join(cq_root, topic))):
+            d, units = os.path.join(cq_root, topic, qid), {}
+            for name in sorted(os.listdir(d)):
+                with open(os.path.join(d, name), "rb") as f:
+                    raw = f.read()
+                unit = L.CQ_UNIT.size
+                for i in range(len(raw) // unit):
+                    phys, size, _tags = L.CQ_UNIT.unpack_from(raw, i * unit)
+                    if size > 0 and phys >= min_offset:
+                        units[int(name) // unit + i] = raw[i * unit:(i + 1) * unit]
+            if units:
+                out[f"{topic}/{qid}"] = units
+    return out
 
 
 def _queue_units(cq_root: str, count_valid_units) -> dict[str, bytes]:
