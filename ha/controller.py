@@ -503,7 +503,7 @@ class ControllerStateMachine(SyncObj):
         self._lock = threading.Lock()
         self._durable = load_state(self._fs, data_dir)
         # Set when the state could not be persisted (a full disk past the reserve): the state
-        # machine applies nothing more and the server stops the process (ControllerServer).
+        # machine applies nothing more and the server stops the process (controller_server._watch_fatal).
         self.fatal: OSError | None = None
         self.reserve = DiskReserve(self._fs, data_dir, reserve_bytes)
         self.reserve.ensure()

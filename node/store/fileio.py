@@ -139,9 +139,12 @@ class FileSystem:
         its length (fallocate FALLOC_FL_KEEP_SIZE): a file that later grows into them through
         an mmap (pysyncobj's journal) needs no new block then, so a full disk cannot fault its
         writes (SIGBUS). OSError when the file system cannot (ENOSPC, EOPNOTSUPP)."""
+        fallocate = _fallocate()
+        if fallocate is None:
+            raise OSError(errno.EOPNOTSUPP, "fallocate(2) is not available on this system")
         fd = os.open(path, os.O_RDWR)
         try:
-            if _fallocate()(fd, FALLOC_FL_KEEP_SIZE, 0, size) != 0:
+            if fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, size) != 0:
                 err = ctypes.get_errno()
                 raise OSError(err, f"fallocate {path}: {os.strerror(err)}")
         finally:
@@ -192,7 +195,10 @@ FALLOC_FL_KEEP_SIZE = 0x01
 @functools.cache
 def _fallocate():
     """libc's fallocate(2) (the os module has only posix_fallocate, which grows the file)."""
-    fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).fallocate
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).fallocate
+    except (OSError, AttributeError):    # not Linux
+        return None
     fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong)
     fn.restype = ctypes.c_int
     return fn

@@ -45,9 +45,8 @@ from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from tests.integration.dledger_harness import (ACKED, FAILED, SMALL_FILES, Attempt, Workload, check_messages,
                                                compare_consume_queues)
-from tests.integration import small_disk
-from tests.integration.nemesis import (DISK_MIB, ClaimMonitor, Fault, Nemesis, cli, run_figures, schedule,
-                                       seed_failed)
+from tests.integration.nemesis import (DISK_MIB, ClaimMonitor, Fault, Nemesis, cli, disk_kinds, run_figures,
+                                       schedule, seed_failed)
 from tests.integration.small_disk import SmallDisk
 
 BROKERS = ("b0", "b1")
@@ -308,9 +307,8 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
 
 
 def run_seed(seed: int, seconds: float, root: str) -> dict:
-    no_disk = small_disk.unavailable()
-    kinds = tuple(k for k in HA_KINDS if not (no_disk and k == "disk_full"))
-    steps = schedule(seed, seconds, kinds, tuple(w for k, w in zip(HA_KINDS, HA_WEIGHTS) if k in kinds), HA_HOLD_S)
+    kinds, weights, no_disk = disk_kinds(HA_KINDS, HA_WEIGHTS)
+    steps = schedule(seed, seconds, kinds, weights, HA_HOLD_S)
     group = ClassicGroup(os.path.join(root, "group"), disk_mib=None if no_disk else DISK_MIB)
     workload = monitor = nemesis = None
     failed = True

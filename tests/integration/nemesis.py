@@ -110,14 +110,15 @@ def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tup
     return Fault(kind, target)
 
 
-def disk_kinds() -> tuple[tuple[str, ...], tuple[int, ...], str | None]:
+def disk_kinds(kinds: tuple[str, ...] = KINDS, weights: tuple[int, ...] = KIND_WEIGHTS
+               ) -> tuple[tuple[str, ...], tuple[int, ...], str | None]:
     """The kinds and weights to draw from here: without disk_full where no small disk can be
     mounted (not root), with the reason."""
     why = small_disk.unavailable()
     if why is None:
-        return KINDS, KIND_WEIGHTS, None
-    keep = [i for i, k in enumerate(KINDS) if k != "disk_full"]
-    return tuple(KINDS[i] for i in keep), tuple(KIND_WEIGHTS[i] for i in keep), why
+        return kinds, weights, None
+    keep = [i for i, k in enumerate(kinds) if k != "disk_full"]
+    return tuple(kinds[i] for i in keep), tuple(weights[i] for i in keep), why
 
 
 class ClaimMonitor:
