@@ -43,8 +43,8 @@ from deploy.faultproxy import ProxyHub
 from mqstore import localcluster as lc
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
-from tests.integration.dledger_harness import (ACKED, FAILED, SMALL_FILES, Attempt, Workload, check_messages,
-                                               compare_consume_queues)
+from tests.integration.dledger_harness import (ACKED, FAILED, SEGMENT_BYTES, SMALL_FILES, Attempt, Workload,
+                                               check_messages, compare_consume_queues)
 from tests.integration.nemesis import (DISK_MIB, ClaimMonitor, Fault, Nemesis, cli, disk_kinds, run_figures,
                                        schedule, seed_failed)
 from tests.integration.small_disk import SmallDisk
@@ -277,14 +277,25 @@ def _commitlog(store_dir: str) -> tuple[list[tuple], int]:
     return rows, end
 
 
-def _raw(store_dir: str, end: int) -> bytes:
+def _first_offset(store_dir: str) -> int:
+    """Where the broker's commitlog starts: 0, or the first file kept after a retention cut
+    (a full disk deletes the oldest files, as RocketMQ does above diskMaxUsedSpaceRatio)."""
+    names = sorted(os.listdir(os.path.join(store_dir, "commitlog")))
+    return int(names[0]) if names else 0
+
+
+def _raw(store_dir: str, start: int, end: int) -> bytes:
     d = os.path.join(store_dir, "commitlog")
     data = bytearray()
     for name in sorted(os.listdir(d)):
-        if len(data) >= end:
+        base = int(name)
+        if base + SEGMENT_BYTES <= start:
+            continue
+        if start + len(data) >= end:
             break
         with open(os.path.join(d, name), "rb") as f:
-            data += f.read(end - len(data))
+            f.seek(max(0, start - base))
+            data += f.read(end - start - len(data))
     return bytes(data)
 
 
@@ -293,15 +304,17 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
     ends = {b: end for b, (_, end) in logs.items()}
     assert len(set(ends.values())) == 1, f"commitlog ends differ after catching up: {ends}"
     end = ends["b0"]
-    assert _raw(group.nodes["b0"].store_dir, end) == _raw(group.nodes["b1"].store_dir, end), \
+    first = {b: _first_offset(n.store_dir) for b, n in group.nodes.items()}
+    start = max(first.values())
+    assert _raw(group.nodes["b0"].store_dir, start, end) == _raw(group.nodes["b1"].store_dir, start, end), \
         "the brokers' commitlog bytes differ"
     for b, (rows, _) in logs.items():
-        check_messages(b, rows, attempts, topic)
-    for n in group.nodes.values():
-        compare_consume_queues(n.store_dir, None)
+        check_messages(b, rows, attempts, topic, first[b])
+    for b, n in group.nodes.items():
+        compare_consume_queues(n.store_dir, None, first[b])
     outcomes = collections.Counter(a.outcome for a in attempts)
     stored = {r[4] for r in logs["b0"][0]}
-    return {"commitlog_bytes": end, "acked": outcomes[ACKED], "failed": outcomes[FAILED],
+    return {"commitlog_bytes": end, "first_offset": first, "acked": outcomes[ACKED], "failed": outcomes[FAILED],
             "unknown": len(attempts) - outcomes[ACKED] - outcomes[FAILED],
             "unknown_visible": sum(1 for a in attempts if a.outcome not in (ACKED, FAILED) and a.body in stored)}
 

@@ -37,6 +37,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -347,6 +348,8 @@ def cli(argv: list[str] | None, prog: str, doc: str, prefix: str, run, nodes: tu
         p.add_argument("--nodes", type=int, choices=nodes, default=nodes[0], help="group size")
     p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
     args = p.parse_args(argv)
+    # SIGTERM ends the run through the finally blocks: processes killed, small disks unmounted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     failed = 0
     for seed in range(args.start, args.start + args.seeds):
         root = tempfile.mkdtemp(prefix=f"{prefix}-{seed}-")
