@@ -519,6 +519,11 @@ class DLedgerLog:
         return first, last
 
     # --- retention ------------------------------------------------------------------------------
+    @property
+    def disk_reserve(self):
+        """The store's DiskReserve (None without one): the broker puts it back once there is room."""
+        return self.store.reserve
+
     async def retention_tick(self, now: datetime | None = None) -> RetentionDecision | None:
         """Delete expired head data files (the broker calls this every ~10 s); see the module
         docstring. None when retention is off or nothing may go yet."""

@@ -34,7 +34,6 @@ import enum
 import json
 import logging
 import os
-import shutil
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -554,10 +553,7 @@ class ControllerStateMachine(SyncObj):
 
     def keep_reserve(self) -> None:
         """Put back a reserve given up for a write, once the disk has room again."""
-        size = self.reserve.size
-        if size and self.reserve.given_up and not self._fs.exists(self.reserve.path) \
-                and shutil.disk_usage(self._dir).free > 2 * size:
-            self.reserve.ensure(freed=True)
+        self.reserve.restore_if_room()
 
     def snapshot(self) -> dict:
         """A consistent copy of the state for readers on other threads."""

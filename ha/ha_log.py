@@ -758,6 +758,10 @@ class HALog:
     async def retention_tick(self, now=None):
         return await self.local.retention_tick(now)
 
+    @property
+    def disk_reserve(self):
+        return self.local.disk_reserve
+
 
 def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConfig,
                               checkpoint_committed_offset: int | None = None) -> HALog:

@@ -29,12 +29,13 @@ import msgpack
 from node import limits
 from node.config import BrokerConfig
 from node.fence import WRITABLE_ROLES
+from node.log_throttle import LogThrottle
 from node.metrics import TrafficStats
 from node.replicated_log import ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
 from node.store.errors import (ApplyTimeout, BadRequest, CorruptRecord, InvalidMessage, MessageNotFound,
-                               MessageTooLarge, NoPermission, NotLeader, StoreError, TopicNotExist)
+                               MessageTooLarge, NoPermission, NotLeader, StoreError, TopicNotExist, is_enospc)
 from node.store.message import MessageDraft, StoredMessage
 from node.store.scrub import CorruptData, CorruptionRegistry, report_read_failure, scrubber_for
 
@@ -52,6 +53,9 @@ MAX_PULL_BYTES = 4 * 1024 * 1024       # a pull stops adding messages past this 
 SYSTEM_APPLY_TIMEOUT_S = 10.0          # how long a commit waits for its record to be applied
 REPLAY_BATCH_UNITS = 1024
 PUT_WAIT_WINDOW_S = 10.0               # clusterList #PCWait: the longest log append within this window
+RESERVE_CHECK_S = 1.0                  # a disk reserve given up on a full disk is put back within this of room
+RETENTION_TICKS = 10                   # retention runs every this many reserve checks (~10 s)
+SNAPSHOT_WARNING_S = 60.0              # a snapshot not written for a full disk: at most one warning per this
 SYSTEM_QUEUE = 0
 
 PULL_FOUND = "FOUND"
@@ -299,6 +303,7 @@ class Broker:
         self._groups_pending: set[str] = set()              # new groups' first offset commits (maxConsumerGroups)
         self.offsets: dict[str, dict[int, int]] = {}      # "topic@group" -> queue -> offset
         self._offsets_dirty = False
+        self._snapshot_warnings = LogThrottle(SNAPSHOT_WARNING_S)
         self._offset_replay_from = 0                        # next system-queue offset to replay
         self._deleted: dict[str, int] = {}                  # deleted topic -> log position of the deletion
         self._put_wait = (0.0, float("-inf"))              # (longest recent log append s, when: monotonic)
@@ -385,9 +390,16 @@ class Broker:
             self.ready = False
 
     async def _retention_loop(self) -> None:
+        """Every RESERVE_CHECK_S a reserve given up on a full disk is put back if the disk has room
+        again; every RETENTION_TICKS of those, retention runs."""
         tick = getattr(self.log, "retention_tick", None)
-        while True:
-            await asyncio.sleep(10.0)
+        reserve = getattr(self.log, "disk_reserve", None)
+        for n in itertools.count(1):
+            await asyncio.sleep(RESERVE_CHECK_S)
+            if reserve is not None:
+                reserve.restore_if_room()
+            if n % RETENTION_TICKS:
+                continue
             if tick is not None:
                 await _maybe_await(tick())
             # Consume queues and index files follow the commitlog's head.
@@ -414,15 +426,30 @@ class Broker:
         self._offset_replay_from = int(mark.get(SYSTEM_QUEUE, 0))
         self.offsets = {k: {int(q): int(o) for q, o in v.items()} for k, v in table.items()}
 
-    def _save_snapshots(self) -> None:
-        self.topic_store.save({t: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
-                                   "perm": c.perm} for t, c in self.topics.items()})
-        table = {k: dict(v) for k, v in self.offsets.items()}
-        cq = self.cq_store.get(SYS_CONSUMER_OFFSET, SYSTEM_QUEUE)
-        # Everything below the system queue's end has been applied, so replay can start there.
-        table[REPLAY_MARK_KEY] = {SYSTEM_QUEUE: cq.max_offset if cq is not None else 0}
-        self.offset_store.save(table)
+    def _save_snapshots(self) -> bool:
+        """topics.json and consumerOffset.json from memory. They are caches of what the log holds
+        (a start replays the system records past the mark), so on a full disk the write is left
+        for later: a warning (at most one a minute), the snapshot still due, the node serving.
+        Before, the ENOSPC ended the snapshot task and with it the node. False when not written."""
+        try:
+            self.topic_store.save({t: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
+                                       "perm": c.perm} for t, c in self.topics.items()})
+            table = {k: dict(v) for k, v in self.offsets.items()}
+            cq = self.cq_store.get(SYS_CONSUMER_OFFSET, SYSTEM_QUEUE)
+            # Everything below the system queue's end has been applied, so replay can start there.
+            table[REPLAY_MARK_KEY] = {SYSTEM_QUEUE: cq.max_offset if cq is not None else 0}
+            self.offset_store.save(table)
+        except OSError as e:
+            if not is_enospc(e):
+                raise
+            self._offsets_dirty = True
+            held = self._snapshot_warnings.due(time.monotonic())
+            if held is not None:
+                log.warning("disk full: topic and consumer-offset snapshots not written (%s); the log keeps them "
+                            "and the next snapshot tries again (%d such since the last warning)", e, held)
+            return False
         self._offsets_dirty = False
+        return True
 
     def export_replicated_state(self) -> dict:
         """Topics and consumer offsets as a DLedger base carries them (see DLedgerLog retention)."""

@@ -385,6 +385,10 @@ class LocalLog:
         return self.queue_offsets.get(topic, queue_id)
 
     # --- retention ------------------------------------------------------------------------
+    @property
+    def disk_reserve(self) -> DiskReserve:
+        return self.reserve
+
     async def retention_tick(self, now: datetime | None = None) -> RetentionDecision:
         """Delete expired head segments (the broker calls this every ~10 s)."""
         now = now or datetime.now()

@@ -184,6 +184,9 @@ class FileSystem:
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
 
+    def free_bytes(self, path: str) -> int:
+        return shutil.disk_usage(path).free
+
     def disk_usage_ratio(self, path: str) -> float:
         usage = shutil.disk_usage(path)
         return usage.used / usage.total if usage.total else 0.0

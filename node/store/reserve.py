@@ -7,7 +7,10 @@ writes its base state and meta before it deletes a file. So each store root keep
 `<storePathRootDir>/reserve`, `diskReserveBytes` of allocated zeros (not a sparse hole). Such
 a write that meets ENOSPC gives the reserve up, says so, and is tried once more; every write
 after it has that room too (a DLedger node's term and vote, so it can be elected). Once given
-up, the reserve comes back only after retention has deleted files, not at the next start.
+up, the reserve comes back after retention has deleted files, or once the disk has room again
+(`restore_if_room`, each second from the broker's retention loop: at least RESTORE_ROOM_FACTOR
+times its size free), so a second full disk finds it in place (found by the random-fault runs: a node whose
+disk filled twice, restarted the second time, could not write its meta at recovery).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from node.store.fileio import FileSystem
 log = logging.getLogger(__name__)
 
 RESERVE_FILE = "reserve"
+RESTORE_ROOM_FACTOR = 3     # a spent reserve comes back on its own once this many times its size is free
 
 
 class DiskReserve:
@@ -52,6 +56,18 @@ class DiskReserve:
             log.warning("no room for the %d-byte reserve %s (%s); tried again after the next retention deletion",
                         self.size, self.path, e)
             return False
+
+    def restore_if_room(self) -> bool:
+        """Put a missing reserve back when the disk has room again (RESTORE_ROOM_FACTOR times its
+        size free): cheap enough for a periodic tick (a stat, and a statfs while missing). True
+        when it is in place."""
+        if self.size == 0:
+            return False
+        if self.fs.exists(self.path):
+            return True
+        if self.fs.free_bytes(os.path.dirname(self.path)) < RESTORE_ROOM_FACTOR * self.size:
+            return False
+        return self.ensure(freed=True)
 
     def using(self, write: Callable[[], None], what: str) -> None:
         """`write()`; if it meets a full disk and the reserve is there, give the reserve up and

@@ -26,6 +26,7 @@ that ignores SIGTERM then gets SIGUSR1 before the test fails.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -384,6 +385,77 @@ class Workload:
         c = collections.Counter(a.outcome for a in self.snapshot())
         details = collections.Counter(a.detail.split(":")[0] for a in self.snapshot() if a.outcome != ACKED)
         return f"outcomes {dict(c)}; non-acks by kind {dict(details.most_common(6))}"
+
+
+class OffsetCommits:
+    """A thread committing one consumer group's offsets on the workload's topic throughout the
+    run (POST /groups/{group}/offsets to whoever leads, following NOT_LEADER hints): each commit
+    is the next offset past a queue's newest acked message, so per queue the values only grow.
+    A 200 answer means the commit went through the log and was applied: it must survive every
+    fault. `check(store_dir)`: the stopped replica's consumerOffset.json holds, per queue, a
+    value that was committed at or after the last acked commit (never an older one, never one
+    nobody sent)."""
+
+    def __init__(self, cluster, workload: Workload, group: str = "NemesisGroup", period_s: float = 0.05,
+                 max_commits: int = 20_000, max_s: float = 600.0, request_timeout_s: float = 2.0):
+        self.cluster, self.workload, self.group = cluster, workload, group
+        self.period_s, self.max_commits, self.max_s, self.timeout_s = period_s, max_commits, max_s, request_timeout_s
+        self.sent: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)   # queue -> (offset, acked)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="offset-commits", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def halt(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout_s + 5)
+        assert not self._thread.is_alive(), "the offset commit thread did not stop"
+
+    def acked(self) -> int:
+        return sum(ok for rows in self.sent.values() for _, ok in rows)
+
+    def _targets(self) -> dict[int, int]:
+        top: dict[int, int] = {}
+        for a in self.workload.snapshot():
+            if a.outcome == ACKED and a.queue_offset is not None and a.queue_offset + 1 > top.get(a.queue_id, 0):
+                top[a.queue_id] = a.queue_offset + 1
+        return top
+
+    def _run(self) -> None:
+        apis, current, t0, n = self.cluster.apis, 0, time.monotonic(), 0
+        while not self._stop.wait(self.period_s) and n < self.max_commits and time.monotonic() - t0 < self.max_s:
+            due = [(q, off) for q, off in sorted(self._targets().items())
+                   if not self.sent[q] or off > self.sent[q][-1][0]]
+            if not due:
+                continue
+            q, off = due[n % len(due)]
+            n += 1
+            doc = {"topic": self.workload.topic, "queue_id": q, "offset": off}
+            try:
+                status, answer = http(apis[current], "POST", f"/groups/{self.group}/offsets", doc, self.timeout_s)
+            except (OSError, ValueError):
+                status, answer = 0, {}
+            self.sent[q].append((off, status == 200))
+            if status != 200:
+                hint = answer.get("leader") if isinstance(answer, dict) else None
+                current = apis.index(hint) if hint in apis else (current + 1) % len(apis)
+
+    def check(self, store_dir: str) -> None:
+        path = os.path.join(store_dir, "config", "consumerOffset.json")
+        with open(path) as f:
+            table = json.load(f)["offsetTable"].get(f"{self.workload.topic}@{self.group}", {})
+        for q, rows in self.sent.items():
+            acked_at = [i for i, (_, ok) in enumerate(rows) if ok]
+            if not acked_at:
+                continue
+            stored = table.get(str(q))
+            later = {off for off, _ in rows[acked_at[-1]:]}
+            assert stored in later, (f"{store_dir}: queue {q} offset of {self.group} is {stored}; the last acked "
+                                     f"commit was {rows[acked_at[-1]][0]}, later attempts {sorted(later)}")
 
 
 # --- offline checks -----------------------------------------------------------------------------

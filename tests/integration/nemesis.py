@@ -21,11 +21,14 @@ Targets are roles ("leader", "other"), resolved when the step starts. Client thr
 unique messages throughout (dledger_harness.Workload), and a monitor polls each node's
 /cluster for the leader it claims to be.
 
+A thread commits a consumer group's offsets throughout (dledger_harness.OffsetCommits).
+
 Checked: no two nodes ever claim leadership of one term; once the last step is undone a
 leader takes writes within LIVENESS_S; every process stops cleanly; then, on the stopped
 stores, every acked message exactly once at its acked place on every replica, no refused
 send visible, byte-identical committed entries, consume queues equal to a rebuild
-(dledger_harness.verify_stores). Real processes make timing differ between runs of one
+(dledger_harness.verify_stores), and every acked offset commit kept (no replica's stored offset
+older than the last acked commit). Real processes make timing differ between runs of one
 seed: the schedule replays, the interleaving may not; each run prints the steps it applied.
 """
 
@@ -47,7 +50,7 @@ from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
 from tests.integration import small_disk
-from tests.integration.dledger_harness import ACKED, DLedgerCluster, Workload, verify_stores
+from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Workload, verify_stores
 
 KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full")
 KIND_WEIGHTS = (3, 2, 3, 2, 1, 2)
@@ -283,7 +286,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     steps = schedule(seed, seconds, kinds, weights)
     cluster = DLedgerCluster(os.path.join(root, "cluster"), ids=tuple(f"n{i}" for i in range(nodes)),
                              disk_mib=None if no_disk else DISK_MIB)
-    workload = monitor = nemesis = None
+    workload = monitor = nemesis = offsets = None
     failed = True
     try:
         cluster.start()
@@ -291,6 +294,8 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         workload.create_topic()
         workload.start()
         workload.wait_acks(50)
+        offsets = OffsetCommits(cluster, workload, max_s=seconds + LIVENESS_S + 120)
+        offsets.start()
         monitor = ClaimMonitor(lambda: leader_claims(cluster))
         monitor.start()
         nemesis = Nemesis(cluster, random.Random(seed))
@@ -301,6 +306,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         workload.wait_acks(50, after=healed_at, timeout_s=LIVENESS_S)
         liveness_s = workload.failover_s(healed_at)
         workload.stop()
+        offsets.stop()
         monitor.stop()
         split = monitor.split()
         assert not split, f"two leaders in one term: {split}"
@@ -309,8 +315,13 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         assert all(c == 0 for c in codes.values()), f"exit codes {codes}"
         attempts = workload.snapshot()
         figures = verify_stores(cluster, attempts, workload.topic)
+        for n in cluster.nodes.values():
+            offsets.check(n.store_dir)
+        figures["offset_commits_acked"] = offsets.acked()
         failed = False
     except BaseException as e:
+        if offsets is not None:
+            offsets.halt()
         raise seed_failed(e, f"nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis, cluster.describe) from e
     finally:
         cluster.close(keep_stores=failed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import os
 
 import pytest
@@ -525,6 +526,38 @@ def test_health_and_cluster(tmp_path):
         assert h.broker.cluster()["committed_offset"] == 0
         await h.broker.stop()
         assert h.log.stopped
+    run(go())
+
+
+class FullDiskSnapshots(MemSnapshots):
+    """Snapshots whose save meets a full disk until `full` is cleared."""
+
+    full = True
+
+    def save(self, table):
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        super().save(table)
+
+
+def test_a_full_disk_leaves_the_snapshots_for_later_and_the_node_serving(tmp_path, caplog):
+    """Regression (random-fault runs, a classic master's disk filled): the periodic snapshot
+    met ENOSPC, the snapshot task failed, and the node stopped serving."""
+    async def go():
+        offsets = FullDiskSnapshots()
+        h = make_broker(str(tmp_path), offsets=offsets)
+        await h.broker.start()
+        await h.broker.create_topic("T", 1)
+        await h.broker.commit_offset("G", "T", 0, 0)
+        await asyncio.sleep(0.35)                  # three snapshot intervals, each refused
+        assert h.broker.fatal is None and h.broker.ready
+        assert "disk full: topic and consumer-offset snapshots not written" in caplog.text
+        assert caplog.text.count("snapshots not written") == 1, "one warning, not one per interval"
+        await h.broker.commit_offset("G", "T", 0, 0)  # still serving
+        offsets.full = False
+        await asyncio.sleep(0.3)
+        assert offsets.table.get("T@G") == {0: 0}
+        await h.broker.stop()
     run(go())
 
 
