@@ -226,7 +226,9 @@ class Controller:
                                 "sss_epoch": g["sss_epoch"]})
 
     def _disk_full(self, request: web.Request) -> web.Response | None:
-        """507 when this controller's disk is too full to take a decision asked for by hand."""
+        """507 when this controller's disk is too full to take a decision asked for by hand
+        (looked at afresh: such decisions are rare, a statfs each is nothing)."""
+        self.disk.recheck()
         if not self.disk.full():
             return None
         return _error(request, 507, "SERVICE_NOT_AVAILABLE",
