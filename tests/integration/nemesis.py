@@ -338,7 +338,8 @@ def seed_failed(e: BaseException, title: str, workload, monitor, nemesis, descri
         monitor.stop()
     applied = "\n".join(nemesis.applied) if nemesis else "(none)"
     summary = workload.summary() if workload is not None else ""
-    return AssertionError(f"{title} failed: {e}\nsteps applied:\n{applied}\n{summary}\n{describe()}")
+    # The steps first: an error can carry a long log tail, and a report may be cut short.
+    return AssertionError(f"{title} failed; steps applied:\n{applied}\n{summary}\n{describe()}\nerror: {e}")
 
 
 def run_figures(seed: int, nemesis: Nemesis, liveness_s: float | None, attempts: list) -> dict:

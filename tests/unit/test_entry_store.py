@@ -485,6 +485,27 @@ def test_a_disk_full_to_the_last_block_gives_up_the_reserve_for_a_cut_which_then
     s.close()
 
 
+def test_a_restart_on_a_full_disk_writes_nothing_when_recovery_changed_nothing(tmp_path, caplog):
+    """Regression (random-fault runs): recovery rewrote meta at every start, so a node restarted
+    on a disk full to the last block whose reserve an earlier start had already spent stopped
+    with ENOSPC. Meta is written only when recovery changed it."""
+    fs = FaultyFileSystem(29)
+    s = _with_reserve(fs, tmp_path)
+    s.append(mk(1, 60))
+    s.flush()
+    s.checkpoint(60)
+    s.close()
+    os.remove(s.reserve.path)                      # spent by an earlier start on this full disk
+    fs.write_budget_bytes = 0
+    meta = open(s.meta_path, "rb").read()
+    s = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG,
+                   reserve=DiskReserve(fs, str(tmp_path), RESERVE))
+    rep = s.recover()
+    assert (rep.first_index, rep.last_index) == (1, 60) and open(s.meta_path, "rb").read() == meta
+    assert "is given up" not in caplog.text
+    s.close()
+
+
 def test_a_restart_on_a_full_disk_writes_meta_into_the_reserve_and_a_state_larger_than_it_deletes_nothing(tmp_path, caplog):
     from node.store.errors import DiskFull
     fs = FaultyFileSystem(27)
@@ -492,12 +513,17 @@ def test_a_restart_on_a_full_disk_writes_meta_into_the_reserve_and_a_state_large
     s.append(mk(1, 60))
     s.flush()
     s.checkpoint(60)
+    torn_at = s.entry_at(60).pos                   # the last, durable entry's header
+    seg = s.data.segment_for(torn_at)
     s.close()
+    with open(seg.path, "r+b") as f:               # lost below the durable mark: recovery must
+        f.seek(torn_at - seg.base)                 # record that in meta
+        f.write(bytes(64))
     fs.write_budget_bytes = 0
     s = EntryStore(fs, str(tmp_path), "n0", data_segment_size=SEG, index_segment_size=IDX_SEG,
                    reserve=DiskReserve(fs, str(tmp_path), RESERVE))
     rep = s.recover()                              # meta is rewritten at recovery: it needed the reserve
-    assert (rep.first_index, rep.last_index) == (1, 60)
+    assert (rep.first_index, rep.last_index) == (1, 59)
     assert "meta at recovery" in caplog.text and s.reserve.given_up == 1 and not os.path.exists(s.reserve.path)
     files = sorted(os.listdir(s.data.directory))
     with pytest.raises(DiskFull, match="nothing deleted"):
