@@ -31,7 +31,7 @@ import sys
 from array import array
 
 from node.store import layout as L
-from node.store.errors import StoreFatal
+from node.store.errors import StoreFatal, is_enospc
 from node.store.fileio import FileHandle, FileSystem
 from node.store.message import KEY_SEPARATOR, java_string_hash
 
@@ -363,11 +363,29 @@ class IndexService:
         base_ts = f.begin_timestamp
         tmp_path = f.path + ".rebuild"
         self.fs.remove(tmp_path)
-        new = IndexFile.create(self.fs, tmp_path, self.hash_slots, self.max_entries)
-        for key_hash, phy, diff, _prev in keep:
-            new.put_hash(key_hash, phy, base_ts + diff * 1000)
-        new.flush()
-        new.close()
+        try:
+            new = IndexFile.create(self.fs, tmp_path, self.hash_slots, self.max_entries)
+            try:
+                for key_hash, phy, diff, _prev in keep:
+                    new.put_hash(key_hash, phy, base_ts + diff * 1000)
+                new.flush()
+            finally:
+                new.close()
+        except OSError as e:
+            if not is_enospc(e):
+                raise
+            # No room for the repaired copy (a restart on a full disk): the file goes, which
+            # frees its room. It is derived data; the node starts, and queries by key miss the
+            # messages it indexed. Before, the start failed ("cannot start", exit 2).
+            f.close()
+            self.fs.remove(tmp_path)
+            self.fs.remove(f.path)
+            del self.files[idx]
+            self.fs.fsync_dir(self.directory)
+            log.warning("index file %s indexed past the log end %d and there is no room to repair it (%s): "
+                        "removed; queries by key miss the %d messages it indexed below the cut",
+                        f.name, end_phys, e, len(keep))
+            return
         f.close()
         if keep:
             self.fs.rename(tmp_path, f.path)

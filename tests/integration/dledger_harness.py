@@ -43,6 +43,7 @@ from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from node.store import layout as L
 from tests.integration.small_disk import SmallDisk
+
 GROUP = "broker-a"
 SEGMENT_BYTES = 256 * 1024          # small data segments: rolls and blanks happen during the run
 CQ_UNITS_PER_FILE = 300             # small consume-queue files, as the rebuild must be told
@@ -460,6 +461,8 @@ class OffsetCommits:
 
 # --- offline checks -----------------------------------------------------------------------------
 ENTRY_HEADER_BYTES = L.ENTRY_HEADER.size   # a message's commitlog offset is its entry's pos + this
+
+
 @dataclass
 class ReplicaView:
     store_dir: str
@@ -538,8 +541,8 @@ def verify_stores(cluster: DLedgerCluster, attempts: list[Attempt], topic: str) 
     acked = [a for a in attempts if a.outcome == ACKED]
     assert all(a.queue_offset is not None for a in acked)
     visible = {m[5] for m in views[0].messages if m[1] == topic}
-    return {"committed_index": low, "acked": len(acked), "first_index": {os.path.basename(os.path.dirname(v.store_dir)):
-                                                                             v.first_index for v in views},
+    first = {os.path.basename(os.path.dirname(v.store_dir)): v.first_index for v in views}   # node id: first entry
+    return {"committed_index": low, "acked": len(acked), "first_index": first,
             "failed": sum(1 for a in attempts if a.outcome == FAILED),
             "unknown": sum(1 for a in attempts if a.outcome == UNKNOWN),
             "unknown_visible": sum(1 for a in attempts if a.outcome == UNKNOWN and a.body in visible)}

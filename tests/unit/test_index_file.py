@@ -140,6 +140,27 @@ def test_files_past_the_log_end_are_rebuilt_without_those_entries(tmp_path):
     assert sorted(os.listdir(os.path.join(str(tmp_path), "index"))) == [f.name for f in again.files]
 
 
+def test_a_file_past_the_log_end_with_no_room_to_repair_it_is_removed_and_the_start_goes_on(tmp_path, caplog):
+    """Regression (random-fault runs): a node restarted on a full disk whose log had been cut
+    below an index file's end could not write the repaired copy and did not start (exit 2)."""
+    fs = FaultyFileSystem(7)
+    idx = service(tmp_path, slots=3, entries=5, fs=fs)
+    for i in range(10):
+        idx.put("T", "k", i * 10, T0 + i * 1000)       # files: [0..30] [40..70] [80, 90]
+    idx.flush()
+    idx.close()
+    fs.write_budget_bytes = 0                          # not one block left
+    again = IndexService(fs, str(tmp_path), hash_slots=3, max_entries=5)
+    repaired = again.load(log_end_physical=55)
+    assert len(repaired) == 2 and len(again.files) == 1
+    assert "no room to repair it" in caplog.text
+    assert again.query("T", "k", *ALL, 32) == [30, 20, 10, 0], "what the removed file indexed is missed, nothing past the cut"
+    assert sorted(os.listdir(os.path.join(str(tmp_path), "index"))) == [f.name for f in again.files]
+    fs.write_budget_bytes = None
+    again.put("T", "k", 55, T0 + 20_000)               # room again: the new tail indexes normally
+    assert again.query("T", "k", *ALL, 2) == [55, 30]
+
+
 def test_delete_expired_keeps_the_last_file(tmp_path):
     idx = service(tmp_path, slots=3, entries=3)        # 2 entries per file
     for i in range(6):
