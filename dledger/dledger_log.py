@@ -262,6 +262,10 @@ class DLedgerLog:
                                             "entry body crc mismatch" if problem else "entry header damaged", index))
         return CorruptData(pos + HEADER_SIZE, "entry failed its CRC check; not served until repaired from a peer")
 
+    # Queue offsets come from the log's own entries, never from the consume queues: the broker
+    # may start before its dispatcher has caught up (a start on a full disk).
+    queue_offsets_from_log = True
+
     def init_queue_offsets(self, table: dict) -> None:
         """Accepted and ignored: the DLedger log derives queue offsets from its own entries."""
 

@@ -64,6 +64,7 @@ DELAYS_MS = (50, 200, 600)
 LIVENESS_S = 30.0          # after the last step: the first ack within this
 RESTART_ON_FULL_DISK_S = 30.0   # a node restarted on a full disk answers /health within this
 MONITOR_PERIOD_S = 0.1
+START_ATTEMPTS = 3         # a group whose start lost a probed port to another process is started anew
 
 
 @dataclass(frozen=True)
@@ -284,12 +285,10 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     """One seed's whole run; raises AssertionError (with the applied steps) on any failed check."""
     kinds, weights, no_disk = disk_kinds()
     steps = schedule(seed, seconds, kinds, weights)
-    cluster = DLedgerCluster(os.path.join(root, "cluster"), ids=tuple(f"n{i}" for i in range(nodes)),
-                             disk_mib=None if no_disk else DISK_MIB)
-    workload = monitor = nemesis = offsets = None
+    cluster = workload = monitor = nemesis = offsets = None
     failed = True
     try:
-        cluster.start()
+        cluster = started_cluster(root, nodes, None if no_disk else DISK_MIB)
         workload = Workload(cluster, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
         workload.create_topic()
         workload.start()
@@ -322,12 +321,31 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     except BaseException as e:
         if offsets is not None:
             offsets.halt()
-        raise seed_failed(e, f"nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis, cluster.describe) from e
+        raise seed_failed(e, f"nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis,
+                          cluster.describe if cluster is not None else str) from e
     finally:
-        cluster.close(keep_stores=failed)
+        if cluster is not None:
+            cluster.close(keep_stores=failed)
     figures.update(run_figures(seed, nemesis, liveness_s, attempts), nodes=nodes, leader_terms_seen=len(monitor.claims),
                    disk_faults=f"off: {no_disk}" if no_disk else "on")
     return figures
+
+
+def started_cluster(root: str, nodes: int, disk_mib: int | None) -> DLedgerCluster:
+    """A started group on fresh ports. Ports are probed free and then bound by the nodes, and
+    any process may take one in between (an outgoing connection's ephemeral port): a start
+    that fails on "address already in use" is tried again on new ports, START_ATTEMPTS times."""
+    for attempt in range(START_ATTEMPTS):
+        cluster = DLedgerCluster(os.path.join(root, f"cluster{attempt or ''}"), ids=tuple(f"n{i}" for i in range(nodes)),
+                                 disk_mib=disk_mib)
+        try:
+            cluster.start()
+            return cluster
+        except AssertionError as e:
+            cluster.close()
+            if "address already in use" not in str(e) or attempt + 1 == START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
 
 
 def seed_failed(e: BaseException, title: str, workload, monitor, nemesis, describe) -> AssertionError:

@@ -561,6 +561,34 @@ def test_a_full_disk_leaves_the_snapshots_for_later_and_the_node_serving(tmp_pat
     run(go())
 
 
+@pytest.mark.parametrize("from_log", [True, False])
+def test_a_start_on_a_full_disk_goes_on_when_the_log_folds_its_own_queue_offsets(tmp_path, from_log):
+    """Regression (random-fault runs): a DLedger node restarted on a full disk met ENOSPC in the
+    dispatch catch-up (a new index file) and did not start. A log that takes queue offsets from
+    its own entries starts and lets the dispatcher finish later; one that takes them from the
+    consume queues must not take writes before, so its start still fails."""
+    async def go():
+        rlog = MemLog()
+        if from_log:
+            rlog.queue_offsets_from_log = True
+        h = make_broker(str(tmp_path), rlog=rlog)
+        real = h.broker.dispatcher.catch_up
+
+        def full_disk():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        h.broker.dispatcher.catch_up = full_disk
+        if not from_log:
+            with pytest.raises(OSError):
+                await h.broker.start()
+            return
+        await h.broker.start()
+        h.broker.dispatcher.catch_up = real
+        await h.broker.create_topic("T", 1)             # serving; the dispatcher goes on
+        assert h.broker.fatal is None and "T" in h.broker.topics
+        await h.broker.stop()
+    run(go())
+
+
 def test_offset_snapshot_written_periodically(tmp_path):
     async def go():
         h = make_broker(str(tmp_path))
