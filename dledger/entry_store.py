@@ -322,13 +322,15 @@ class EntryStore:
 
     # --- write side ---------------------------------------------------------------------
     def set_hard_state(self, hs: HardState) -> None:
-        """Persist term, vote and the catch-up mark atomically. A full disk raises DiskFull
-        with the previous hard state kept."""
+        """Persist term, vote and the catch-up mark atomically, on the reserve if need be. A
+        full disk past it raises DiskFull with the previous hard state kept."""
         m = self.meta
         before = (m.term, m.voted_for, m.needs_catchup_to)
         m.term, m.voted_for, m.needs_catchup_to = hs.term, hs.voted_for, hs.needs_catchup_to
         try:
-            self._write_meta()
+            # On a disk full to the last block the reserve is given up for it: a node must be
+            # able to store a term and vote to be elected (and then cut its log).
+            self._reserved(self._write_meta, f"{self.meta_path} (term {hs.term} and vote)")
         except StoreFatal as e:
             m.term, m.voted_for, m.needs_catchup_to = before
             if not is_enospc(e):
