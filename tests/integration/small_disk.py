@@ -2,7 +2,9 @@
 mounted on the store directory. Filling it gives the node a real ENOSPC on every write and a
 real statvfs at 100 %, where on a loopback machine every node otherwise shares one big disk.
 
-Needs root (mount); `unavailable()` says why not, else None. Fill and free are the test's
+Needs root (mount); `unavailable()` says why not, else None, and `require()` fails a test
+with that reason: as the netns tier, a test that needs a mount fails where it cannot have one,
+it is not skipped (`make test` runs as root; CI does). Fill and free are the test's
 fault: `fill()` writes a filler file until the file system refuses the last page, `free()`
 removes it. `unmount()` copies what the store holds back onto the directory underneath first
 when asked (a failing run keeps its stores).
@@ -27,6 +29,15 @@ def unavailable() -> str | None:
     if shutil.which("mount") is None or shutil.which("umount") is None:
         return "mount/umount not installed"
     return None
+
+
+def require() -> None:
+    """In a test: fail, saying why, where no small disk can be mounted."""
+    why = unavailable()
+    if why is not None:
+        import pytest
+        pytest.fail(f"this test puts a store on a tmpfs of its own and cannot mount one here: {why} "
+                    "(run make test as root)", pytrace=False)
 
 
 class SmallDisk:

@@ -10,8 +10,9 @@ persist nothing more stops with exit code 1 and says why, while the other two go
 restarted with room, it catches up. No controller ever ends by a signal.
 
 Method: three real controller processes, each data directory a small file system of its own
-(tests/integration/small_disk.py: a tmpfs, needs root), filled and freed by the test; the
-test plays the brokers (heartbeats), as test_controller_processes does.
+(tests/integration/small_disk.py: a tmpfs; without root the tests fail and say why), filled
+and freed by the test; the test plays the brokers (heartbeats), as test_controller_processes
+does.
 """
 
 from __future__ import annotations
@@ -63,9 +64,7 @@ def test_the_journal_grows_into_allocated_blocks_on_a_full_disk(tmp_path, reserv
     """The mechanism under the fix: pysyncobj's ResizableFile on a full disk dies of SIGBUS
     (the case without a reservation shows the write does land in a hole), and does not once
     the blocks are allocated ahead (ControllerStateMachine does it for its journal)."""
-    why = small_disk.unavailable()
-    if why is not None:
-        pytest.skip(f"needs a small file system: {why}")
+    small_disk.require()
     disk = small_disk.SmallDisk(str(tmp_path / "d"), 8).mount()
     try:
         ready = tmp_path / "ready"
@@ -84,9 +83,7 @@ def test_the_journal_grows_into_allocated_blocks_on_a_full_disk(tmp_path, reserv
 
 
 def test_controllers_on_full_disks_stay_up_or_stop_cleanly(tmp_path):
-    why = small_disk.unavailable()
-    if why is not None:
-        pytest.skip(f"needs a small file system per controller: {why}")
+    small_disk.require()
     disks = {i: small_disk.SmallDisk(str(tmp_path / f"c{i}"), DISK_MIB).mount() for i in range(3)}
     c = Cluster(str(tmp_path))
     try:
