@@ -551,10 +551,6 @@ class ControllerStateMachine(SyncObj):
                 self._durable = copy.deepcopy(self.state)
             return changed
 
-    def keep_reserve(self) -> None:
-        """Put back a reserve given up for a write, once the disk has room again."""
-        self.reserve.restore_if_room()
-
     def snapshot(self) -> dict:
         """A consistent copy of the state for readers on other threads."""
         with self._lock:

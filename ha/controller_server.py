@@ -152,7 +152,7 @@ class Controller:
             now = _mono_ms()
             if now - self._reserve_checked_ms >= RESERVE_CHECK_MS:
                 self._reserve_checked_ms = now
-                self.sm.keep_reserve()
+                self.sm.reserve.restore_if_room()   # a reserve given up on a full disk, once there is room
             if not self.sm.is_leader() or not self.sm.isReady():
                 self._leader_since_ms = None
                 continue

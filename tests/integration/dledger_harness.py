@@ -363,9 +363,10 @@ class Workload:
         return doc.get("leader")
 
     # --- views ------------------------------------------------------------------------------
-    def snapshot(self) -> list[Attempt]:
+    def snapshot(self, since: int = 0) -> list[Attempt]:
+        """The attempts recorded so far (from the `since`-th on); each is final once recorded."""
         with self._lock:
-            return list(self.attempts)
+            return self.attempts[since:]
 
     def wait_acks(self, n: int, after: float = 0.0, timeout_s: float = 20.0) -> None:
         """Wait until n attempts that started at or after `after` are acked."""
@@ -388,7 +389,36 @@ class Workload:
         return f"outcomes {dict(c)}; non-acks by kind {dict(details.most_common(6))}"
 
 
-class OffsetCommits:
+class Poller:
+    """`poll()` every `period_s` on a daemon thread, until stopped or until it returns False."""
+
+    def __init__(self, name: str, period_s: float, join_s: float = 5.0):
+        self.period_s, self._join_s = period_s, join_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def halt(self) -> None:
+        """Ask the thread to stop; do not wait (teardown after a failure)."""
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self._join_s)
+        assert not self._thread.is_alive(), f"{self._thread.name} did not stop"
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            if self.poll() is False:
+                return
+
+    def poll(self) -> bool | None:
+        raise NotImplementedError
+
+
+class OffsetCommits(Poller):
     """A thread committing one consumer group's offsets on the workload's topic throughout the
     run (POST /groups/{group}/offsets to whoever leads, following NOT_LEADER hints): each commit
     is the next offset past a queue's newest acked message, so per queue the values only grow.
@@ -399,51 +429,47 @@ class OffsetCommits:
 
     def __init__(self, cluster, workload: Workload, group: str = "NemesisGroup", period_s: float = 0.05,
                  max_commits: int = 20_000, max_s: float = 600.0, request_timeout_s: float = 2.0):
+        super().__init__("offset-commits", period_s, request_timeout_s + 5)
         self.cluster, self.workload, self.group = cluster, workload, group
-        self.period_s, self.max_commits, self.max_s, self.timeout_s = period_s, max_commits, max_s, request_timeout_s
+        self.max_commits, self.max_s, self.timeout_s = max_commits, max_s, request_timeout_s
         self.sent: dict[int, list[tuple[int, bool]]] = collections.defaultdict(list)   # queue -> (offset, acked)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="offset-commits", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def halt(self) -> None:
-        self._stop.set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(self.timeout_s + 5)
-        assert not self._thread.is_alive(), "the offset commit thread did not stop"
+        self._top: dict[int, int] = {}      # queue -> one past its newest acked message, so far
+        self._scanned = 0                   # workload attempts folded into _top
+        self._current = self._n = 0
+        self._t0 = time.monotonic()
 
     def acked(self) -> int:
         return sum(ok for rows in self.sent.values() for _, ok in rows)
 
     def _targets(self) -> dict[int, int]:
-        top: dict[int, int] = {}
-        for a in self.workload.snapshot():
+        new = self.workload.snapshot(self._scanned)
+        self._scanned += len(new)
+        top = self._top
+        for a in new:
             if a.outcome == ACKED and a.queue_offset is not None and a.queue_offset + 1 > top.get(a.queue_id, 0):
                 top[a.queue_id] = a.queue_offset + 1
         return top
 
-    def _run(self) -> None:
-        apis, current, t0, n = self.cluster.apis, 0, time.monotonic(), 0
-        while not self._stop.wait(self.period_s) and n < self.max_commits and time.monotonic() - t0 < self.max_s:
-            due = [(q, off) for q, off in sorted(self._targets().items())
-                   if not self.sent[q] or off > self.sent[q][-1][0]]
-            if not due:
-                continue
-            q, off = due[n % len(due)]
-            n += 1
-            doc = {"topic": self.workload.topic, "queue_id": q, "offset": off}
-            try:
-                status, answer = http(apis[current], "POST", f"/groups/{self.group}/offsets", doc, self.timeout_s)
-            except (OSError, ValueError):
-                status, answer = 0, {}
-            self.sent[q].append((off, status == 200))
-            if status != 200:
-                hint = answer.get("leader") if isinstance(answer, dict) else None
-                current = apis.index(hint) if hint in apis else (current + 1) % len(apis)
+    def poll(self) -> bool | None:
+        if self._n >= self.max_commits or time.monotonic() - self._t0 >= self.max_s:
+            return False
+        due = [(q, off) for q, off in sorted(self._targets().items())
+               if not self.sent[q] or off > self.sent[q][-1][0]]
+        if not due:
+            return None
+        apis = self.cluster.apis
+        q, off = due[self._n % len(due)]
+        self._n += 1
+        doc = {"topic": self.workload.topic, "queue_id": q, "offset": off}
+        try:
+            status, answer = http(apis[self._current], "POST", f"/groups/{self.group}/offsets", doc, self.timeout_s)
+        except (OSError, ValueError):
+            status, answer = 0, {}
+        self.sent[q].append((off, status == 200))
+        if status != 200:
+            hint = answer.get("leader") if isinstance(answer, dict) else None
+            self._current = apis.index(hint) if hint in apis else (self._current + 1) % len(apis)
+        return None
 
     def check(self, store_dir: str) -> None:
         path = os.path.join(store_dir, "config", "consumerOffset.json")

@@ -43,14 +43,13 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
 from tests.integration import small_disk
-from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Workload, verify_stores
+from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, verify_stores
 
 KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full")
 KIND_WEIGHTS = (3, 2, 3, 2, 1, 2)
@@ -126,27 +125,18 @@ def disk_kinds(kinds: tuple[str, ...] = KINDS, weights: tuple[int, ...] = KIND_W
     return tuple(kinds[i] for i in keep), tuple(weights[i] for i in keep), why
 
 
-class ClaimMonitor:
+class ClaimMonitor(Poller):
     """Polls `claims()` every MONITOR_PERIOD_S on a thread: (term or epoch, node) for each node
     that says it leads; remembers who claimed each term. `split()`: terms claimed twice."""
 
     def __init__(self, claims: Callable[[], list[tuple[int, str]]]):
+        super().__init__("claim-monitor", MONITOR_PERIOD_S)
         self._claims = claims
         self.claims: dict[int, set[str]] = collections.defaultdict(set)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="claim-monitor", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(MONITOR_PERIOD_S):
-            for term, node in self._claims():
-                self.claims[term].add(node)
+    def poll(self) -> None:
+        for term, node in self._claims():
+            self.claims[term].add(node)
 
     def split(self) -> dict[int, list[str]]:
         return {t: sorted(ids) for t, ids in self.claims.items() if len(ids) > 1}

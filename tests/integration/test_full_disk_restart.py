@@ -11,56 +11,38 @@ A classic slave whose disk fills while the master writes stays up (it used to ma
 fatal, "the node must exit"): the refused pushes are cut away, replication pauses, and once
 the disk has room again the slave catches up to a byte-identical log.
 Method: real node processes (`python -m node`) whose store is a 64 MiB tmpfs mounted for the
-test, filled with zeros. Needs root for the mount: without it the test FAILS with the reason
-(it is not skipped).
+test (tests/integration/small_disk.py), filled with zeros. Needs root for the mount: without it
+the test FAILS with the reason (it is not skipped).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from mqstore import localcluster as lc
 from mqstore.localcluster import free_ports, http
+from tests.integration.small_disk import SmallDisk, require
 
 pytestmark = pytest.mark.slow
 TMPFS_MB = 64
 
 
-def _mount(mnt: str) -> None:
-    os.makedirs(mnt, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_MB}m,mode=0755", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        pytest.fail(f"this test mounts a {TMPFS_MB} MiB tmpfs and needs root: {r.stderr.strip()}")
-
-
 @pytest.fixture
 def small_disk(tmp_path):
-    mnt = str(tmp_path / "disk")
-    _mount(mnt)
+    require()
+    disk = SmallDisk(str(tmp_path / "disk"), TMPFS_MB).mount()
     try:
-        yield mnt
+        yield disk
     finally:
-        subprocess.run(["umount", "-l", mnt], capture_output=True)
+        disk.unmount()
 
 
-def _fill(path: str) -> None:
-    """Write zeros until the file system refuses the next byte (bounded by the disk's size)."""
-    fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        for size in (1 << 20, 4096, 512, 1):       # big writes, then the last partial blocks
-            for _ in range((TMPFS_MB << 20) // size + 1):
-                try:
-                    if os.write(fd, bytes(size)) < size:
-                        break
-                except OSError:
-                    break
-    finally:
-        os.close(fd)
-    st = os.statvfs(path)
+def _fill(disk: SmallDisk) -> None:
+    """Zeros until the file system refuses the last page (SmallDisk.fill), checked with statvfs."""
+    disk.fill()
+    st = os.statvfs(disk.path)
     assert st.f_bavail == 0, f"{st.f_bavail} blocks still free"
 
 
@@ -72,7 +54,7 @@ def test_a_node_restarts_on_a_full_disk_and_serves_what_it_held(small_disk, tmp_
     if mode == "dledger":
         extra += lc.dledger_lines("n0", "g", {"n0": raft}, {"n0": api})
     conf = lc.write_conf(str(tmp_path / "broker.conf"),
-                         lc.node_lines(api, os.path.join(small_disk, "store"), extra))
+                         lc.node_lines(api, os.path.join(small_disk.path, "store"), extra))
     node = lc.NodeProc(conf, api, str(tmp_path / "node1.log")).start()
     try:
         lc.wait_for(lambda: http(api, "GET", "/health")[1].get("role") in ("LEADER", "STANDALONE"),
@@ -103,13 +85,14 @@ def test_a_classic_slave_whose_disk_fills_pauses_and_catches_up(tmp_path):
     from tests.integration.test_ha_processes import TOPIC, Group, _bring_up, _commitlog_bytes
     g = Group(str(tmp_path), "ASYNC_MASTER")
     store1 = os.path.join(g.tmp, "store1")
-    _mount(store1)                                   # the slave's store: a small disk
+    require()
+    disk = SmallDisk(store1, TMPFS_MB).mount()       # the slave's store: a small disk
     try:
         g.extra_lines = {0: ["mappedFileSizeCommitLog=4194304"], 1: ["mappedFileSizeCommitLog=4194304"]}
         _bring_up(g)
         assert g.send(0, 0) == "SEND_OK"
         lc.wait_for(lambda: g.health(1)["committed_offset"] == g.health(0)["committed_offset"], what="slave in step")
-        _fill(store1)
+        _fill(disk)
         pid1 = g.procs["b1"].pid
         body = "z" * 60_000
         for i in range(40):                          # 2.4 MB the slave has no room for
@@ -120,7 +103,7 @@ def test_a_classic_slave_whose_disk_fills_pauses_and_catches_up(tmp_path):
                     what="the slave refuses the pushes it has no room for")
         assert g.procs["b1"].proc.poll() is None and g.health(1).get("status") == "UP", "the slave stays up"
         assert g.health(1)["committed_offset"] < g.health(0)["committed_offset"]
-        os.remove(os.path.join(store1, "filler"))    # space returns
+        disk.free()                                  # space returns
         end = g.health(0)["committed_offset"]
         lc.wait_for(lambda: g.health(1)["committed_offset"] == end, timeout=30, what="slave caught up")
         assert g.procs["b1"].pid == pid1
@@ -128,4 +111,4 @@ def test_a_classic_slave_whose_disk_fills_pauses_and_catches_up(tmp_path):
         assert "the node must exit" not in open(os.path.join(g.tmp, "b1.log")).read()
     finally:
         g.stop_all()
-        subprocess.run(["umount", "-l", store1], capture_output=True)
+        disk.unmount()
