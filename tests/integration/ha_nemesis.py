@@ -35,6 +35,7 @@ both, nothing failed visible, dense queue offsets, consume queues equal to a reb
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import random
 import time
@@ -45,8 +46,8 @@ from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from tests.integration.dledger_harness import (ACKED, FAILED, SEGMENT_BYTES, SMALL_FILES, Attempt, Workload,
                                                check_messages, compare_consume_queues)
-from tests.integration.nemesis import (DISK_MIB, ClaimMonitor, Fault, Nemesis, cli, disk_kinds, run_figures,
-                                       schedule, seed_failed)
+from tests.integration.nemesis import (DISK_MIB, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis, cli, disk_kinds,
+                                       run_figures, schedule, seed_failed)
 from tests.integration.small_disk import SmallDisk
 
 BROKERS = ("b0", "b1")
@@ -77,34 +78,34 @@ class ClassicGroup:
         os.makedirs(root, exist_ok=True)
         self.root, self.ids = root, BROKERS
         self.hub = ProxyHub()
-        p = free_ports(10)
-        ctl_api, ctl_raft = p[0:3], p[3:6]
-        self.ctl_api = dict(zip(CONTROLLERS, ctl_api))
         self.controllers: dict[str, lc.Proc] = {}
-        for i, c in enumerate(CONTROLLERS):
-            others = [j for j in range(3) if j != i]
-            argv = lc.controller_argv(ctl_api[i], ctl_raft[i], os.path.join(root, c),
-                                      peers=[f"127.0.0.1:{ctl_raft[j]}" for j in others],
-                                      peer_apis=[f"127.0.0.1:{ctl_api[j]}" for j in others],
-                                      heartbeat_timeout_ms=CONTROLLER_HEARTBEAT_TIMEOUT_MS)
-            self.controllers[c] = lc.Proc(argv, os.path.join(root, f"{c}.log"), c)
         self.nodes: dict[str, BrokerProc] = {}
-        for k, b in enumerate(BROKERS):
-            host, api, ha = f"127.0.0.{11 + k}", p[6 + k], p[8 + k]
-            self.hub.add(f"api-{b}", (host, api), listen=("127.0.0.1", api))
-            self.hub.add(f"ha-{b}", (host, ha), listen=("127.0.0.1", ha))
-            ctl = ";".join(f"127.0.0.1:{self.hub.add(f'{b}>{c}', ('127.0.0.1', self.ctl_api[c]))}"
-                           for c in CONTROLLERS)
-            store = os.path.join(root, f"store-{b}")
-            conf = lc.write_conf(os.path.join(root, f"{b}.conf"), [
-                *SMALL_FILES, f"listenPort={api}", f"bindAddress={host}", "brokerIP1=127.0.0.1",
-                f"storePathRootDir={store}", "brokerClusterName=ha-nemesis", "brokerName=broker-b",
-                *lc.classic_lines(k, "SYNC_MASTER", ha, ctl), "allAckInSyncStateSet=true", "minInSyncReplicas=1",
-                "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
-            self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
-        # With `disk_mib`, each broker's store is a file system of its own that a test can fill.
         self.disks: dict[str, SmallDisk] = {}
-        try:
+        try:   # a proxy may lose its probed port (EADDRINUSE): nothing is left open then
+            p = free_ports(10)
+            ctl_api, ctl_raft = p[0:3], p[3:6]
+            self.ctl_api = dict(zip(CONTROLLERS, ctl_api))
+            for i, c in enumerate(CONTROLLERS):
+                others = [j for j in range(3) if j != i]
+                argv = lc.controller_argv(ctl_api[i], ctl_raft[i], os.path.join(root, c),
+                                          peers=[f"127.0.0.1:{ctl_raft[j]}" for j in others],
+                                          peer_apis=[f"127.0.0.1:{ctl_api[j]}" for j in others],
+                                          heartbeat_timeout_ms=CONTROLLER_HEARTBEAT_TIMEOUT_MS)
+                self.controllers[c] = lc.Proc(argv, os.path.join(root, f"{c}.log"), c)
+            for k, b in enumerate(BROKERS):
+                host, api, ha = f"127.0.0.{11 + k}", p[6 + k], p[8 + k]
+                self.hub.add(f"api-{b}", (host, api), listen=("127.0.0.1", api))
+                self.hub.add(f"ha-{b}", (host, ha), listen=("127.0.0.1", ha))
+                ctl = ";".join(f"127.0.0.1:{self.hub.add(f'{b}>{c}', ('127.0.0.1', self.ctl_api[c]))}"
+                               for c in CONTROLLERS)
+                store = os.path.join(root, f"store-{b}")
+                conf = lc.write_conf(os.path.join(root, f"{b}.conf"), [
+                    *SMALL_FILES, f"listenPort={api}", f"bindAddress={host}", "brokerIP1=127.0.0.1",
+                    f"storePathRootDir={store}", "brokerClusterName=ha-nemesis", "brokerName=broker-b",
+                    *lc.classic_lines(k, "SYNC_MASTER", ha, ctl), "allAckInSyncStateSet=true", "minInSyncReplicas=1",
+                    "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
+                self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
+            # With `disk_mib`, each broker's store is a file system of its own that a test can fill.
             for b in BROKERS if disk_mib else ():
                 self.disks[b] = SmallDisk(self.nodes[b].store_dir, disk_mib).mount()
         except BaseException:
@@ -319,14 +320,30 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
             "unknown_visible": sum(1 for a in attempts if a.outcome not in (ACKED, FAILED) and a.body in stored)}
 
 
+def _started_group(root: str, disk_mib: int | None) -> ClassicGroup:
+    """A started group on fresh ports; a fault proxy that lost a probed port to another process
+    (EADDRINUSE between probe and bind) makes it start anew, START_ATTEMPTS times."""
+    for attempt in range(START_ATTEMPTS):
+        group = None
+        try:
+            group = ClassicGroup(os.path.join(root, f"group{attempt or ''}"), disk_mib=disk_mib)
+            group.start()
+            return group
+        except OSError as e:
+            if group is not None:
+                group.close()
+            if e.errno != errno.EADDRINUSE or attempt + 1 == START_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable")
+
+
 def run_seed(seed: int, seconds: float, root: str) -> dict:
     kinds, weights, no_disk = disk_kinds(HA_KINDS, HA_WEIGHTS)
     steps = schedule(seed, seconds, kinds, weights, HA_HOLD_S)
-    group = ClassicGroup(os.path.join(root, "group"), disk_mib=None if no_disk else DISK_MIB)
-    workload = monitor = nemesis = None
+    group = workload = monitor = nemesis = None
     failed = True
     try:
-        group.start()
+        group = _started_group(root, None if no_disk else DISK_MIB)
         workload = Workload(group, topic="HaChaos", max_attempts=400_000, max_s=seconds + LIVENESS_S + 180)
         workload.create_topic()
         workload.start()
@@ -353,9 +370,10 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         failed = False
     except BaseException as e:
         raise seed_failed(e, f"HA nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis,
-                          group.describe) from e
+                          group.describe if group is not None else str) from e
     finally:
-        group.close(keep_stores=failed)
+        if group is not None:
+            group.close(keep_stores=failed)
     figures.update(run_figures(seed, nemesis, liveness_s, attempts), epochs_seen=len(monitor.claims),
                    disk_faults=f"off: {no_disk}" if no_disk else "on")
     return figures
