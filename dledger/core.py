@@ -502,13 +502,20 @@ class RaftCore:
     # --- Ready / advance --------------------------------------------------------------
 
     def has_ready(self) -> bool:
-        if self._outbox or self._log.has_pending():
+        # Called several times per round: the fields are compared in place, no HardState is built.
+        if self._outbox or self._log.has_pending() or self._commit != self._ready_commit:
             return True
-        if self._hard_state() != self._persisted_hs or self._commit != self._ready_commit:
+        hs = self._persisted_hs
+        if self._term != hs.term or self._voted_for != hs.voted_for or self._catchup_to != hs.needs_catchup_to:
             return True
-        return self._role is Role.LEADER and any(
-            self._can_push(progress) for progress in self._progress.values()
-        )
+        if self._role is not Role.LEADER:
+            return False
+        last = self._log.last_index()
+        limit = self._cfg.max_inflight_pushes
+        for progress in self._progress.values():    # _can_push, inlined
+            if progress.state is PeerState.APPEND and progress.next <= last and len(progress.inflight) < limit:
+                return True
+        return False
 
     def ready(self) -> Ready:
         self._check_idle()
