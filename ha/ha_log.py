@@ -752,6 +752,9 @@ class HALog:
     def init_queue_offsets(self, table: dict[tuple[str, int], int]) -> None:
         self.local.init_queue_offsets(table)
 
+    def hold_writes(self, why: str) -> None:
+        self.local.hold_writes(why)
+
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         return self.local.queue_offset_of(topic, queue_id)
 

@@ -303,6 +303,7 @@ class Broker:
         self._groups_pending: set[str] = set()              # new groups' first offset commits (maxConsumerGroups)
         self.offsets: dict[str, dict[int, int]] = {}      # "topic@group" -> queue -> offset
         self._offsets_dirty = False
+        self._writes_held = False                           # log writes held until dispatch catches up
         self._snapshot_warnings = LogThrottle(SNAPSHOT_WARNING_S)
         self._offset_replay_from = 0                        # next system-queue offset to replay
         self._deleted: dict[str, int] = {}                  # deleted topic -> log position of the deletion
@@ -340,19 +341,30 @@ class Broker:
         # The dispatcher recovers the consume queues itself (cut past the log end, drop expired).
         await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
         self._load_deletions()  # before dispatch: re-dispatch must not resurrect deleted topics
+        held = False
         try:
             await _maybe_await(self.dispatcher.catch_up())
         except OSError as e:
             # A start on a full disk (random-fault runs: an index file could not be created, the
-            # node did not start). A log that folds its own queue offsets (DLedger) starts and
-            # the background dispatcher finishes once there is room; one that takes them from the
-            # consume queues (standalone, classic) cannot take writes before, and stops here.
-            if not is_enospc(e) or not getattr(self.log, "queue_offsets_from_log", False):
+            # node did not start). The node starts and the background dispatcher finishes once
+            # there is room. A log that folds its own queue offsets (DLedger) takes writes at
+            # once; one that takes them from the consume queues (standalone, classic) refuses
+            # them (507, retriable) until the dispatcher has caught up (_release_held_writes).
+            from_log = getattr(self.log, "queue_offsets_from_log", False)
+            hold = getattr(self.log, "hold_writes", None)
+            if not is_enospc(e) or not (from_log or hold is not None):
                 raise
-            log.warning("dispatch catch-up at start paused at log position %d: disk full (%s); the dispatcher "
-                        "goes on once there is room", self.dispatcher.position, e)
+            log.warning("dispatch catch-up at start paused at log position %d of %d: disk full (%s); the "
+                        "dispatcher goes on once there is room%s", self.dispatcher.position,
+                        self.log.committed_position, e, "" if from_log else "; writes are refused until then")
+            if not from_log:
+                held = True
+                hold(f"the consume queues are behind the log (a start on a full disk paused their catch-up "
+                     f"at {self.dispatcher.position} of {self.log.committed_position}): writes are refused "
+                     f"until the dispatcher has caught up")
+        self._writes_held = held
         init = getattr(self.log, "init_queue_offsets", None)
-        if init is not None:
+        if init is not None and not held:
             init(self.cq_store.max_offsets())
         self._replay_system_queues()
         self.dispatcher.add_listener(self._waiters.notify)
@@ -408,6 +420,7 @@ class Broker:
             await asyncio.sleep(RESERVE_CHECK_S)
             if reserve is not None:
                 reserve.restore_if_room()
+            self._release_held_writes()
             if n % RETENTION_TICKS:
                 continue
             if tick is not None:
@@ -418,6 +431,15 @@ class Broker:
             expire_index = getattr(self.index, "delete_expired", None)
             if expire_index is not None:
                 expire_index(min_phys)
+
+    def _release_held_writes(self) -> None:
+        """Writes held at start (the dispatch catch-up met a full disk) go on once the dispatcher
+        has reached the committed end: the consume queues then give every queue's next offset."""
+        if not self._writes_held or self.dispatcher.position < self.log.committed_position:
+            return
+        self.log.init_queue_offsets(self.cq_store.max_offsets())
+        self._writes_held = False
+        log.info("dispatch caught up with the log at %d: writes accepted again", self.dispatcher.position)
 
     async def _snapshot_loop(self) -> None:
         interval = self.config.flush_consumer_offset_interval_ms / 1000.0

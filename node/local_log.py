@@ -113,6 +113,7 @@ class LocalLog:
                               self.config.refuse_check_interval_ms)
         self.reserve = DiskReserve(fs, store_root, self.config.reserve_bytes)
         self.fsyncs = 0
+        self.writes_held: str | None = None   # why appends are refused until init_queue_offsets
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -166,7 +167,8 @@ class LocalLog:
             "committed_offset": self._committed, "flushed_offset": self.commitlog.flushed_offset,
             "written_offset": self.commitlog.max_offset, "min_offset": self.commitlog.min_offset,
             "pending_sync_acks": len(self._acks), "fsyncs": self.fsyncs,
-            "accepting_writes": self.fatal is None and self._started and not self._stopping,
+            "accepting_writes": self.fatal is None and self._started and not self._stopping and not self.writes_held,
+            "writes_held": self.writes_held,
             "fatal_error": str(self.fatal) if self.fatal else None,
             "disk_usage_ratio": round(self.disk.last_ratio, 4),
         }
@@ -205,6 +207,8 @@ class LocalLog:
             raise StoreFatal(f"the log stopped after a fatal error: {self.fatal}")
         if not self._started or self._stopping:
             raise StoreFatal("the log is not running")
+        if self.writes_held is not None:
+            raise DiskFull(self.writes_held)
         self.disk.check()
 
     def _write(self, drafts: Sequence[MessageDraft], ts: int) -> list[tuple[int, int, int]]:
@@ -378,8 +382,15 @@ class LocalLog:
 
     # --- queue offsets --------------------------------------------------------------------
     def init_queue_offsets(self, table: dict[tuple[str, int], int]) -> None:
-        """Set the next queue offset of every queue (after consume-queue recovery)."""
+        """Set the next queue offset of every queue (after consume-queue recovery); appends
+        held by `hold_writes` go on."""
         self.queue_offsets.load(table)
+        self.writes_held = None
+
+    def hold_writes(self, why: str) -> None:
+        """Refuse appends (DiskFull, retriable) until `init_queue_offsets`: the broker started
+        before its consume queues caught up with the log, so the next queue offsets are unknown."""
+        self.writes_held = why
 
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         return self.queue_offsets.get(topic, queue_id)

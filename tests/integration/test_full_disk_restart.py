@@ -112,3 +112,51 @@ def test_a_classic_slave_whose_disk_fills_pauses_and_catches_up(tmp_path):
     finally:
         g.stop_all()
         disk.unmount()
+
+
+def test_a_standalone_start_whose_dispatch_catch_up_meets_a_full_disk_holds_writes_until_it_caught_up(
+        small_disk, tmp_path):
+    """Regression: a standalone or classic node restarted on a full disk whose consume queues
+    must be caught up with the log (here: checkpoint, consume queues and index removed) met
+    ENOSPC writing a consume-queue unit and did not start. Its queue offsets come from the
+    consume queues, so it now starts, serves, and refuses writes (507, retriable, saying why)
+    until the dispatcher has caught up; then a write takes the next queue offset, not 0."""
+    import shutil
+    api, = free_ports(1)
+    store = os.path.join(small_disk.path, "store")
+    extra = ["mappedFileSizeCommitLog=4194304", "maxMessageSize=65536", "maxHashSlotNum=1000",
+             "maxIndexNum=4000", "autoCreateTopicEnable=true", "diskReserveBytes=4096"]   # room for the abort marker only
+    conf = lc.write_conf(str(tmp_path / "broker.conf"), lc.node_lines(api, store, extra))
+    node = lc.NodeProc(conf, api, str(tmp_path / "node1.log")).start()
+    try:
+        lc.wait_for(lambda: http(api, "GET", "/health")[1].get("role") == "STANDALONE", what="node serving")
+        st, _ = http(api, "POST", "/topics", {"topic": "T", "queues": 1})
+        assert st in (200, 201)
+        for i in range(3):
+            st, r = http(api, "POST", "/topics/T/messages",
+                         {"messages": [{"body": f"m{i}", "queue_id": 0, "keys": f"k{i}"}]})
+            assert st == 200 and r["results"][0]["queue_offset"] == i, r
+    finally:
+        node.stop()
+    os.remove(os.path.join(store, "checkpoint"))
+    shutil.rmtree(os.path.join(store, "consumequeue"))
+    shutil.rmtree(os.path.join(store, "index"))
+    _fill(small_disk)
+
+    node = lc.NodeProc(conf, api, str(tmp_path / "node2.log")).start()
+    try:
+        lc.wait_for(lambda: http(api, "GET", "/health")[1].get("status") == "UP", what="node up on the full disk")
+        st, r = http(api, "POST", "/topics/T/messages", {"messages": [{"body": "m3", "queue_id": 0}]})
+        assert st == 507 and r["error"] == "SERVICE_NOT_AVAILABLE" and r["retriable"], (st, r)
+        assert "behind the log" in r["message"], r
+        log2 = open(tmp_path / "node2.log").read()
+        assert "writes are refused until then" in log2, log2[-2000:]
+        small_disk.free()
+        lc.wait_for(lambda: http(api, "POST", "/topics/T/messages",
+                                 {"messages": [{"body": "m3", "queue_id": 0}]})[0] == 200,
+                    timeout=20, what="writes accepted once the dispatcher caught up")
+        st, r = http(api, "GET", "/topics/T/queues/0/messages?offset=0&max=8")
+        assert st == 200 and [m["body"] for m in r["messages"]] == ["m0", "m1", "m2", "m3"], (st, r)
+        assert [m["queue_offset"] for m in r["messages"]] == [0, 1, 2, 3]
+    finally:
+        node.stop()

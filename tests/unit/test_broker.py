@@ -22,6 +22,7 @@ from node.config import BrokerConfig
 from node.replicated_log import PutResult, PutStatus, ScanBatch, ScannedRecord
 from node.store import layout as L
 from node.store import message as M
+from node.store.message import MessageDraft
 from node.store.consume_queue import ConsumeQueueStore
 from node.store.errors import BadRequest, MessageNotFound, MessageTooLarge, NotLeader, TopicNotExist
 from node.store.fileio import FileSystem
@@ -561,30 +562,53 @@ def test_a_full_disk_leaves_the_snapshots_for_later_and_the_node_serving(tmp_pat
     run(go())
 
 
-@pytest.mark.parametrize("from_log", [True, False])
-def test_a_start_on_a_full_disk_goes_on_when_the_log_folds_its_own_queue_offsets(tmp_path, from_log):
-    """Regression (random-fault runs): a DLedger node restarted on a full disk met ENOSPC in the
-    dispatch catch-up (a new index file) and did not start. A log that takes queue offsets from
-    its own entries starts and lets the dispatcher finish later; one that takes them from the
-    consume queues must not take writes before, so its start still fails."""
+class HoldingLog(MemLog):
+    """A log that takes its queue offsets from the consume queues and can hold writes (LocalLog)."""
+
+    held: str | None = None
+    inits = 0
+
+    def hold_writes(self, why):
+        self.held = why
+
+    def init_queue_offsets(self, table):
+        super().init_queue_offsets(table)
+        self.held, self.inits = None, self.inits + 1
+
+
+@pytest.mark.parametrize("kind", ["from_log", "holds", "neither"])
+def test_a_start_on_a_full_disk_goes_on_when_the_log_folds_or_holds_its_queue_offsets(tmp_path, kind):
+    """Regression (random-fault runs): a node restarted on a full disk met ENOSPC in the dispatch
+    catch-up (a new index file) and did not start. A log that takes queue offsets from its own
+    entries (DLedger) starts and lets the dispatcher finish later; one that takes them from the
+    consume queues (standalone, classic) starts with its writes held until the dispatcher has
+    caught up; a log that can do neither still fails its start."""
     async def go():
-        rlog = MemLog()
-        if from_log:
+        rlog = HoldingLog() if kind == "holds" else MemLog()
+        if kind == "from_log":
             rlog.queue_offsets_from_log = True
+        await rlog.append([MessageDraft.sealed_plain("T", 0, b"x", None, 1)] * 2)
         h = make_broker(str(tmp_path), rlog=rlog)
         real = h.broker.dispatcher.catch_up
 
         def full_disk():
             raise OSError(errno.ENOSPC, "No space left on device")
         h.broker.dispatcher.catch_up = full_disk
-        if not from_log:
+        if kind == "neither":
             with pytest.raises(OSError):
                 await h.broker.start()
             return
         await h.broker.start()
         h.broker.dispatcher.catch_up = real
-        await h.broker.create_topic("T", 1)             # serving; the dispatcher goes on
-        assert h.broker.fatal is None and "T" in h.broker.topics
+        if kind == "holds":
+            assert "behind the log" in rlog.held and rlog.inits == 0
+            h.broker._release_held_writes()             # the dispatcher is behind: still held
+            assert rlog.held and rlog.inits == 0
+            real()
+            h.broker._release_held_writes()
+            assert rlog.held is None and rlog.next_qoff == {("T", 0): 2}
+        await h.broker.create_topic("T2", 1)             # serving; the dispatcher goes on
+        assert h.broker.fatal is None and "T2" in h.broker.topics
         await h.broker.stop()
     run(go())
 
