@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -36,13 +37,49 @@ class ClusterError(AssertionError):
 
 
 # --- ports ---------------------------------------------------------------------------------------
+# Ports are taken below the kernel's ephemeral range. A port the kernel hands out for port 0
+# is one it also hands out as the source port of an outgoing connection: between the probe and
+# the node's bind, a connection elsewhere (a peer reconnecting) could take it, and the node
+# exited with EADDRINUSE (seen in CI and in random-fault runs). Below the range, only a listener
+# can take it, and the probe has just seen there is none.
+PORT_FLOOR = 10_000
+PORT_TRIES = 200
+_port_rng = random.Random()          # seeded from the OS: two processes do not probe in step
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bound(port: int) -> socket.socket | None:
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (all sockets held open together, so no duplicates)."""
+    """n distinct free loopback ports (all sockets held open together, so no duplicates), taken
+    below the ephemeral range where there is one (Linux), else wherever the kernel picks."""
     if not 0 < n <= MAX_PORTS:
         raise ValueError(f"free_ports: n must be 1..{MAX_PORTS}, got {n}")
-    socks = []
+    socks: list[socket.socket] = []
+    top = _ephemeral_floor()
     try:
-        for _ in range(n):
+        for _ in range(max(PORT_TRIES, 4 * n) if top - PORT_FLOOR > 10 * MAX_PORTS else 0):
+            if len(socks) == n:
+                break
+            s = _bound(_port_rng.randrange(PORT_FLOOR, top))
+            if s is not None:
+                socks.append(s)
+        while len(socks) < n:                 # no such range, or it is crowded
             s = socket.socket()
             s.bind(("127.0.0.1", 0))
             socks.append(s)

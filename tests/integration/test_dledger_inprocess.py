@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import random
 import os
-import socket
 
 import pytest
 
@@ -20,6 +19,7 @@ from dledger.core import RaftConfig
 from dledger.dledger_log import DLedgerLog
 from dledger.entry_store import EntryStore
 from dledger.shell import ShellConfig, RaftNode
+from mqstore.localcluster import free_ports
 from node.replicated_log import PutStatus
 from node.store.errors import NotLeader
 from node.store.fileio import FileSystem
@@ -28,18 +28,6 @@ from node.store.message import MessageDraft, decode_record
 # Small files by default so the test crosses blanks and rolls; env overrides for quick perf runs.
 SEG = int(os.environ.get("DLEDGER_TEST_SEG", 64 * 1024))
 IDX_SEG = 32 * int(os.environ.get("DLEDGER_TEST_IDX", 256))
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def draft(i: int, queue_id: int = 0) -> MessageDraft:

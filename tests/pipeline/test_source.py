@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ import urllib.request
 
 import pytest
 
+from mqstore.localcluster import free_ports
 from node.store import layout as L
 from pipeline import parsers as P
 from pipeline.source import EARLIEST, LATEST, OptionError, parse_offsets, read_options
@@ -145,10 +145,6 @@ def test_a_corrupt_segment_fails_the_read_or_stops_there(spark, tmp_path):
 
 
 # --- endpoint mode against a real node ------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(method: str, url: str, doc: dict | None = None) -> dict:
@@ -163,10 +159,10 @@ def _http(method: str, url: str, doc: dict | None = None) -> dict:
 def node_endpoint():
     """A standalone node (python -m node) with topic `orders` (3 queues) and 90 messages."""
     with tempfile.TemporaryDirectory() as d:
-        port = _free_port()
+        port, ha_port = free_ports(2)
         conf = os.path.join(d, "broker.conf")
         with open(conf, "w") as f:
-            f.write(f"storePathRootDir={d}/store\nlistenPort={port}\nhaListenPort={_free_port()}\n"
+            f.write(f"storePathRootDir={d}/store\nlistenPort={port}\nhaListenPort={ha_port}\n"
                     "bindAddress=127.0.0.1\nmappedFileSizeCommitLog=1048576\nmaxMessageSize=65536\n"
                     "logLevel=WARNING\n")
         proc = subprocess.Popen([sys.executable, "-m", "node", "-c", conf], cwd=ROOT,

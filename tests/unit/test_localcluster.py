@@ -24,6 +24,16 @@ def test_free_ports_are_distinct_and_bounded():
         lc.free_ports(lc.MAX_PORTS + 1)
 
 
+def test_free_ports_lie_below_the_ephemeral_range():
+    """Regression (CI: a node exited with EADDRINUSE on a port probed free a moment before):
+    a port the kernel hands out for port 0 can be taken in between as the source port of some
+    outgoing connection; ports below the ephemeral range cannot."""
+    floor = lc._ephemeral_floor()
+    assert floor > lc.PORT_FLOOR, "this test needs Linux's ip_local_port_range"
+    ports = lc.free_ports(64)
+    assert len(set(ports)) == 64 and all(lc.PORT_FLOOR <= p < floor for p in ports)
+
+
 def test_write_conf_later_key_wins_and_bad_line_is_refused(tmp_path):
     path = lc.write_conf(str(tmp_path / "a" / "broker.conf"),
                          lc.node_lines(1234, "/s", "listenPort=99\nfoo=bar\n"))

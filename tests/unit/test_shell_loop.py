@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 
 import pytest
 
 from dledger.core import RaftConfig
 from dledger.entry_store import EntryStore
 from dledger.shell import RaftNode, ShellConfig
+from mqstore.localcluster import free_port
 from node.store.errors import StoreFatal
 from node.store.fileio import FileSystem
 
@@ -40,18 +40,10 @@ class Exploding:
         self.fatal = error
 
 
-def _port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_a_failing_round_stops_the_node_instead_of_wedging_it(tmp_path):
     async def scenario():
         store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", _port())}, store, RaftConfig(),
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
                         ShellConfig(tick_ms=10), rng=random.Random(1))
         listener = node.listener = Exploding()
         await node.start()
@@ -108,7 +100,7 @@ def test_sync_flush_commits_only_after_the_group_fsync_lands(tmp_path):
     async def scenario():
         fs = GatedFileSystem()
         store = EntryStore(fs, str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", _port())}, store, RaftConfig(),
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
                         ShellConfig(tick_ms=10, flush_disk_type="SYNC_FLUSH"), rng=random.Random(1))
         await node.start()
         try:
@@ -161,7 +153,7 @@ def test_a_round_writes_its_messages_before_the_listener_applies_its_commits(tmp
     commits: each round flushes the transport first, then hands its Readies over in order."""
     async def scenario():
         store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", _port())}, store, RaftConfig(),
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
                         ShellConfig(tick_ms=10), rng=random.Random(1))
         events: list = []
         node.listener = Recording(events)
