@@ -45,7 +45,6 @@ import fnmatch
 import json
 import logging
 import signal
-import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -480,13 +479,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"faultproxy: cannot listen: {e}", file=sys.stderr)
         return 2
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now (for tests that must name a port before the listener exists)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

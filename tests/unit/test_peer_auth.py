@@ -7,7 +7,6 @@ Raft transport run over real loopback sockets with raw streams playing the stran
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import msgpack
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from dledger.messages import Heartbeat, RequestVote
 from dledger.transport import HANDSHAKE_MAGIC, PROTOCOL_VERSION, Transport, TransportConfig, frame
 from dledger import codec
+from mqstore.localcluster import free_port
 from node import peer_auth
 from node.config import ConfigError, from_properties, to_properties
 from node.peer_auth import (ClientHandshake, FailureLog, PeerAuthError, PeerSecurity, RequestVerifier,
@@ -22,14 +22,6 @@ from node.peer_auth import (ClientHandshake, FailureLog, PeerAuthError, PeerSecu
 
 SECRET = b"s3cret-s3cret-s3cret-0123456789"
 OTHER = b"other-other-other-other-0123456"
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 # --- pure handshake ------------------------------------------------------------------------------------

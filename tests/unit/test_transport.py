@@ -9,22 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 
 import msgpack
 
 from dledger import codec
 from dledger.messages import Append, Entry, EntryType, Heartbeat
 from dledger.transport import HANDSHAKE_MAGIC, PROTOCOL_VERSION, RECEIVE_CHUNK, Transport, TransportConfig, frame
+from mqstore.localcluster import free_port
 from node.store import layout as L
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def hello(group="g", sender="n1") -> bytes:
