@@ -508,14 +508,9 @@ class RaftCore:
         hs = self._persisted_hs
         if self._term != hs.term or self._voted_for != hs.voted_for or self._catchup_to != hs.needs_catchup_to:
             return True
-        if self._role is not Role.LEADER:
-            return False
-        last = self._log.last_index()
-        limit = self._cfg.max_inflight_pushes
-        for progress in self._progress.values():    # _can_push, inlined
-            if progress.state is PeerState.APPEND and progress.next <= last and len(progress.inflight) < limit:
-                return True
-        return False
+        return self._role is Role.LEADER and any(
+            self._can_push(progress) for progress in self._progress.values()
+        )
 
     def ready(self) -> Ready:
         self._check_idle()

@@ -755,6 +755,10 @@ class HALog:
     def hold_writes(self, why: str) -> None:
         self.local.hold_writes(why)
 
+    @property
+    def writes_held(self) -> str | None:
+        return self.local.writes_held
+
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         return self.local.queue_offset_of(topic, queue_id)
 

@@ -303,7 +303,6 @@ class Broker:
         self._groups_pending: set[str] = set()              # new groups' first offset commits (maxConsumerGroups)
         self.offsets: dict[str, dict[int, int]] = {}      # "topic@group" -> queue -> offset
         self._offsets_dirty = False
-        self._writes_held = False                           # log writes held until dispatch catches up
         self._snapshot_warnings = LogThrottle(SNAPSHOT_WARNING_S)
         self._offset_replay_from = 0                        # next system-queue offset to replay
         self._deleted: dict[str, int] = {}                  # deleted topic -> log position of the deletion
@@ -341,7 +340,6 @@ class Broker:
         # The dispatcher recovers the consume queues itself (cut past the log end, drop expired).
         await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
         self._load_deletions()  # before dispatch: re-dispatch must not resurrect deleted topics
-        held = False
         try:
             await _maybe_await(self.dispatcher.catch_up())
         except OSError as e:
@@ -358,13 +356,11 @@ class Broker:
                         "dispatcher goes on once there is room%s", self.dispatcher.position,
                         self.log.committed_position, e, "" if from_log else "; writes are refused until then")
             if not from_log:
-                held = True
                 hold(f"the consume queues are behind the log (a start on a full disk paused their catch-up "
                      f"at {self.dispatcher.position} of {self.log.committed_position}): writes are refused "
                      f"until the dispatcher has caught up")
-        self._writes_held = held
         init = getattr(self.log, "init_queue_offsets", None)
-        if init is not None and not held:
+        if init is not None and not self._writes_held():
             init(self.cq_store.max_offsets())
         self._replay_system_queues()
         self.dispatcher.add_listener(self._waiters.notify)
@@ -432,13 +428,15 @@ class Broker:
             if expire_index is not None:
                 expire_index(min_phys)
 
+    def _writes_held(self) -> bool:
+        return bool(getattr(self.log, "writes_held", None))
+
     def _release_held_writes(self) -> None:
         """Writes held at start (the dispatch catch-up met a full disk) go on once the dispatcher
         has reached the committed end: the consume queues then give every queue's next offset."""
-        if not self._writes_held or self.dispatcher.position < self.log.committed_position:
+        if not self._writes_held() or self.dispatcher.position < self.log.committed_position:
             return
         self.log.init_queue_offsets(self.cq_store.max_offsets())
-        self._writes_held = False
         log.info("dispatch caught up with the log at %d: writes accepted again", self.dispatcher.position)
 
     async def _snapshot_loop(self) -> None:

@@ -565,15 +565,15 @@ def test_a_full_disk_leaves_the_snapshots_for_later_and_the_node_serving(tmp_pat
 class HoldingLog(MemLog):
     """A log that takes its queue offsets from the consume queues and can hold writes (LocalLog)."""
 
-    held: str | None = None
+    writes_held: str | None = None
     inits = 0
 
     def hold_writes(self, why):
-        self.held = why
+        self.writes_held = why
 
     def init_queue_offsets(self, table):
         super().init_queue_offsets(table)
-        self.held, self.inits = None, self.inits + 1
+        self.writes_held, self.inits = None, self.inits + 1
 
 
 @pytest.mark.parametrize("kind", ["from_log", "holds", "neither"])
@@ -601,12 +601,12 @@ def test_a_start_on_a_full_disk_goes_on_when_the_log_folds_or_holds_its_queue_of
         await h.broker.start()
         h.broker.dispatcher.catch_up = real
         if kind == "holds":
-            assert "behind the log" in rlog.held and rlog.inits == 0
+            assert "behind the log" in rlog.writes_held and rlog.inits == 0
             h.broker._release_held_writes()             # the dispatcher is behind: still held
-            assert rlog.held and rlog.inits == 0
+            assert rlog.writes_held and rlog.inits == 0
             real()
             h.broker._release_held_writes()
-            assert rlog.held is None and rlog.next_qoff == {("T", 0): 2}
+            assert rlog.writes_held is None and rlog.next_qoff == {("T", 0): 2}
         await h.broker.create_topic("T2", 1)             # serving; the dispatcher goes on
         assert h.broker.fatal is None and "T2" in h.broker.topics
         await h.broker.stop()
