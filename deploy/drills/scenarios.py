@@ -137,6 +137,9 @@ def _fill_victim(c: Cluster, st: dict, v: str) -> Callable[[], None]:
     if total > (4 << 30):
         raise DrillError(f"{v}'s store at {path} is {total >> 20} MiB, not a small disk; refusing to fill it")
     st["disk_total_bytes"] = total
+    # the history's clock: the guard refuses sends once the fill passes its ratio, before
+    # the fill ends and the runner stamps the fault's start
+    st["fill_started_t"] = time.time()
     st["ballast_bytes"] = _fill(path, total)
     after = os.statvfs(path)
     st["disk_free_bytes_full"] = after.f_bavail * after.f_frsize
@@ -157,11 +160,14 @@ def _fault_window(events: list) -> tuple[float | None, float | None]:
 
 
 def _disk_full_checks(events: list, st: dict) -> list:
-    """Writes during the fault fail with a clear disk-full error; acks resume after the heal."""
+    """Writes during the fault fail with a clear disk-full error; acks resume after the heal.
+    The fault counts from the start of the fill: sends are refused once the disk passes the
+    guard's ratio, which may be before the fill ends and the fault's start is stamped."""
     problems = []
     start, end = _fault_window(events)
     if start is None or end is None:
         return ["no fault window in the history"]
+    start = min(start, st.get("fill_started_t", start))
     fails = [e for e in events if e.get("type") == "fail" and start <= e["t"] <= end]
     disk = [e for e in fails if "disk" in (e.get("message") or "").lower() and "full" in (e.get("message") or "")]
     st["disk_full_errors"] = len(disk)
