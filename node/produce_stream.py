@@ -29,7 +29,7 @@ import logging
 import ssl
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from node import limits
 from node import stream_frames as F
@@ -149,8 +149,8 @@ class StreamProtocol(asyncio.Protocol):
 
     # --- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport of whatever loop runs us (uvloop's do not subclass asyncio's)
+        self.transport = cast(asyncio.Transport, transport)
         if not self.server.connections.try_enter():
             transport.write(_error_frame(F.CONNECTION, "LIMIT_EXCEEDED", "too many produce stream connections "
                                          f"(maxStreamConnections {self.server.connections.cap})", 503, True))

@@ -17,7 +17,7 @@ import collections
 import logging
 import ssl
 import time
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, cast
 
 from node import stream_frames as F
 from node.acl import sign_headers
@@ -121,8 +121,8 @@ class StreamConnection(asyncio.Protocol):
 
     # --- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport of whatever loop runs us (uvloop's do not subclass asyncio's)
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None

@@ -28,8 +28,9 @@ from node.store import layout as L
 from tests.unit.test_broker import make_broker
 
 
-def stream_test(config: BrokerConfig | None = None, gate=None):
-    """Decorator: run `async def t(h, port)` with a started broker and stream server."""
+def stream_test(config: BrokerConfig | None = None, gate=None, loop_factory=None):
+    """Decorator: run `async def t(h, port)` with a started broker and stream server (on a
+    loop from `loop_factory`, asyncio's by default)."""
     def wrap(fn):
         def test(tmp_path):
             async def go():
@@ -47,7 +48,8 @@ def stream_test(config: BrokerConfig | None = None, gate=None):
                 finally:
                     await server.stop()
                     await h.broker.stop()
-            asyncio.run(go())
+            with asyncio.Runner(loop_factory=loop_factory) as runner:
+                runner.run(go())
         test.__name__ = fn.__name__
         return test
     return wrap
@@ -132,6 +134,25 @@ async def test_pipelined_sends_are_each_answered_and_stored_in_order(h, port):
     await h.settle()
     assert await bodies(h, "T", 1) == [f"m{i}".encode() for i in range(1, 300, 2)]
     assert h.server.batches < 300     # sends that arrived together were appended together
+    conn.close()
+
+
+def _uvloop_factory():
+    import uvloop
+    return uvloop.new_event_loop()
+
+
+@stream_test(loop_factory=_uvloop_factory)
+async def test_regression_the_stream_server_and_the_sdk_connection_run_on_uvloop(h, port):
+    """Both protocol classes asserted their transport was an asyncio.Transport, which uvloop's
+    are not: an application on uvloop could not connect (AssertionError in connection_made)
+    and a node on it reset every stream connection."""
+    assert "uvloop" in type(asyncio.get_running_loop()).__module__
+    conn = await StreamConnection.open("127.0.0.1", port)
+    answers = await asyncio.gather(*(conn.send("T", one(f"u{i}".encode(), queue_id=0)) for i in range(20)))
+    assert [a["results"][0]["queue_offset"] for _, a in answers] == list(range(20))
+    await h.settle()
+    assert await bodies(h, "T", 0) == [f"u{i}".encode() for i in range(20)]
     conn.close()
 
 
