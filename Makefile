@@ -19,13 +19,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Debian packages some test tiers need, installed when missing and we are root: Java 17 (Spark
-# pipeline), iptables and iproute2 (network-namespace drills), chromium (dashboard browser test).
+# pipeline), iptables and iproute2 (network-namespace drills), chromium (dashboard browser test),
+# a C compiler (the wall-clock step shim, tests/integration/wallclock_shim.c).
 APT_GET := apt-get -y -qq -o Dpkg::Use-Pty=0
 sysdeps:
 	@need=""; \
 	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
 	{ command -v iptables >/dev/null && command -v ip >/dev/null; } || need="$$need iptables iproute2"; \
 	{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || need="$$need chromium chromium-driver"; \
+	command -v cc >/dev/null || need="$$need gcc libc6-dev"; \
 	if [ -n "$$need" ]; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages:$$need"; apt-get update -qq && $(APT_GET) install $$need >/dev/null; \

@@ -43,6 +43,7 @@ from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from node.store import layout as L
 from tests.integration.small_disk import SmallDisk
+from tests.integration.wallclock import WallClock
 
 GROUP = "broker-a"
 SEGMENT_BYTES = 256 * 1024          # small data segments: rolls and blanks happen during the run
@@ -90,9 +91,11 @@ class DLedgerCluster:
     """Three DLedger nodes whose Raft links all pass through a fault proxy."""
 
     def __init__(self, root: str, ids: tuple[str, ...] = ("n0", "n1", "n2"), extra_conf: tuple[str, ...] = (),
-                 disk_mib: int | None = None):
+                 disk_mib: int | None = None, wall_clock: bool = False):
         self.root = root
         self.ids = ids
+        # With `wall_clock`, each node's CLOCK_REALTIME can be stepped (tests/integration/wallclock.py).
+        self.clock = WallClock(os.path.join(root, "wallclock")) if wall_clock else None
         self.hub = ProxyHub()
         ports = free_ports(3 * len(ids))
         api = dict(zip(ids, ports[:len(ids)]))
@@ -118,6 +121,8 @@ class DLedgerCluster:
                           SMALL_FILES + tuple(extra_conf))
             self.nodes[s.node_id] = NodeProc(s.node_id, api[s.node_id], raft[s.node_id], s.config_path,
                                              s.store_dir, s.log_path)
+            if self.clock is not None:
+                self.nodes[s.node_id].env = {**(self.nodes[s.node_id].env or {}), **self.clock.env(s.node_id)}
         # With `disk_mib`, each store is a file system of its own that a test can fill (small_disk).
         self.disks: dict[str, SmallDisk] = {}
         try:

@@ -19,6 +19,9 @@ what a slave of b0 connects to) and its own way to each controller ("b0>c1"). Fa
                         killed -9 and started again on the full disk
     kill9_controller    kill -9 of a controller (the leader for target "leader"), restarted
     sigstop_controller  SIGSTOP, then SIGCONT, of a controller
+    clock_step          the broker's wall clock stepped by a minute to two days, either way,
+                        and back when the step ends (tests/integration/wallclock.py)
+    clock_step_controller  the same on a controller
     kill_all            kill -9 of both brokers, then both started again
 
 Client threads send unique messages to the master (dledger_harness.Workload): SEND_OK is
@@ -46,15 +49,16 @@ from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from tests.integration.dledger_harness import (ACKED, FAILED, SEGMENT_BYTES, SMALL_FILES, Attempt, Workload,
                                                check_messages, compare_consume_queues)
-from tests.integration.nemesis import (DISK_MIB, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis, cli, disk_kinds,
-                                       run_figures, schedule, seed_failed)
+from tests.integration.nemesis import (DISK_MIB, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis, available_kinds, cli,
+                                       fault_figures, run_figures, schedule, seed_failed)
 from tests.integration.small_disk import SmallDisk
+from tests.integration.wallclock import WallClock
 
 BROKERS = ("b0", "b1")
 CONTROLLERS = ("c0", "c1", "c2")
 HA_KINDS = ("kill9", "sigstop", "cut_controllers", "cut_ha", "delay_ha", "kill9_controller", "sigstop_controller",
-            "disk_full")
-HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1, 2)
+            "disk_full", "clock_step", "clock_step_controller")
+HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1, 2, 1, 1)
 CONTROLLER_HEARTBEAT_TIMEOUT_MS = 3000
 # A fault lasts 0.5-7 s: past the controller's heartbeat timeout often enough that masters
 # are replaced (a shorter fault is over before anyone notices).
@@ -74,9 +78,11 @@ class ClassicGroup:
     what dledger_harness.Workload and nemesis.Nemesis use of a group: ids, nodes, apis,
     leader(), describe(), heal(), stop_all()."""
 
-    def __init__(self, root: str, disk_mib: int | None = None):
+    def __init__(self, root: str, disk_mib: int | None = None, wall_clock: bool = False):
         os.makedirs(root, exist_ok=True)
         self.root, self.ids = root, BROKERS
+        # With `wall_clock`, every process's CLOCK_REALTIME can be stepped (tests/integration/wallclock.py).
+        self.clock = WallClock(os.path.join(root, "wallclock")) if wall_clock else None
         self.hub = ProxyHub()
         self.controllers: dict[str, lc.Proc] = {}
         self.nodes: dict[str, BrokerProc] = {}
@@ -105,6 +111,8 @@ class ClassicGroup:
                     *lc.classic_lines(k, "SYNC_MASTER", ha, ctl), "allAckInSyncStateSet=true", "minInSyncReplicas=1",
                     "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
                 self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
+            for name, proc in [*self.controllers.items(), *self.nodes.items()] if self.clock else ():
+                proc.env = {**(proc.env or {}), **self.clock.env(name)}
             # With `disk_mib`, each broker's store is a file system of its own that a test can fill.
             for b in BROKERS if disk_mib else ():
                 self.disks[b] = SmallDisk(self.nodes[b].store_dir, disk_mib).mount()
@@ -215,10 +223,12 @@ class ClassicGroup:
 class ClassicNemesis(Nemesis):
     def _apply(self, f: Fault, node: str, used: list[str]):
         g: ClassicGroup = self.cluster
-        if f.kind in ("kill9_controller", "sigstop_controller"):
+        if f.kind in ("kill9_controller", "sigstop_controller", "clock_step_controller"):
             leader = g.controller_leader()
             c = leader if f.target == "leader" and leader else self.rng.choice(CONTROLLERS)
             proc = g.controllers[c]
+            if f.kind == "clock_step_controller":
+                return self._step_clock(c, int(f.mode), f"{self._now()} {f.kind} {c}")
             if f.kind == "kill9_controller":
                 proc.kill9()
                 self.applied.append(f"{self._now()} {f.kind} {c}")
@@ -226,7 +236,7 @@ class ClassicNemesis(Nemesis):
             proc.sigstop()
             self.applied.append(f"{self._now()} {f.kind} {c}")
             return proc.cont
-        if f.kind in ("kill9", "sigstop", "disk_full"):
+        if f.kind in ("kill9", "sigstop", "disk_full", "clock_step"):
             return super()._apply(f, node, used)
         what = f"{self._now()} {f.kind} {node}"
         if f.kind == "cut_controllers":
@@ -320,13 +330,13 @@ def verify_classic(group: ClassicGroup, attempts: list[Attempt], topic: str) -> 
             "unknown_visible": sum(1 for a in attempts if a.outcome not in (ACKED, FAILED) and a.body in stored)}
 
 
-def _started_group(root: str, disk_mib: int | None) -> ClassicGroup:
+def _started_group(root: str, disk_mib: int | None, wall_clock: bool = False) -> ClassicGroup:
     """A started group on fresh ports; a fault proxy that lost a probed port to another process
     (EADDRINUSE between probe and bind) makes it start anew, START_ATTEMPTS times."""
     for attempt in range(START_ATTEMPTS):
         group = None
         try:
-            group = ClassicGroup(os.path.join(root, f"group{attempt or ''}"), disk_mib=disk_mib)
+            group = ClassicGroup(os.path.join(root, f"group{attempt or ''}"), disk_mib=disk_mib, wall_clock=wall_clock)
             group.start()
             return group
         except OSError as e:
@@ -338,12 +348,12 @@ def _started_group(root: str, disk_mib: int | None) -> ClassicGroup:
 
 
 def run_seed(seed: int, seconds: float, root: str) -> dict:
-    kinds, weights, no_disk = disk_kinds(HA_KINDS, HA_WEIGHTS)
+    kinds, weights, off = available_kinds(HA_KINDS, HA_WEIGHTS)
     steps = schedule(seed, seconds, kinds, weights, HA_HOLD_S)
     group = workload = monitor = nemesis = None
     failed = True
     try:
-        group = _started_group(root, None if no_disk else DISK_MIB)
+        group = _started_group(root, None if "disk" in off else DISK_MIB, "clock" not in off)
         workload = Workload(group, topic="HaChaos", max_attempts=400_000, max_s=seconds + LIVENESS_S + 180)
         workload.create_topic()
         workload.start()
@@ -375,7 +385,7 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         if group is not None:
             group.close(keep_stores=failed)
     figures.update(run_figures(seed, nemesis, liveness_s, attempts), epochs_seen=len(monitor.claims),
-                   disk_faults=f"off: {no_disk}" if no_disk else "on")
+                   **fault_figures(off))
     return figures
 
 

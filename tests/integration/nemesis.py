@@ -15,6 +15,8 @@ rest between steps. Faults:
     disk_full the node's store (a small file system of its own, tests/integration/small_disk.py)
               filled to the last page, freed when the step ends; mode "restart": the node is
               also killed -9 and started again on the full disk
+    clock_step the node's wall clock stepped by a minute to two days, either way, and stepped
+              back when the step ends (tests/integration/wallclock.py: CLOCK_REALTIME only)
     kill_all  kill -9 of every node at once, then all started again (rare)
 
 Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
@@ -48,11 +50,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
-from tests.integration import small_disk
+from tests.integration import small_disk, wallclock
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, verify_stores
 
-KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full")
-KIND_WEIGHTS = (3, 2, 3, 2, 1, 2)
+KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step")
+KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1)
 DISK_MIB = 160             # each node's store file system, when disk faults run (tmpfs: memory)
 KILL_ALL_P = 0.05          # share of steps that kill every node at once
 TWO_FAULTS_P = 0.25        # share of steps with two faults on different nodes
@@ -60,6 +62,7 @@ LEADER_P = 0.6             # a step's first fault hits the leader this often
 HOLD_S = (0.3, 3.0)        # a fault lasts this long (uniform)
 REST_S = (0.3, 1.5)        # quiet time after a step
 DELAYS_MS = (50, 200, 600)
+CLOCK_STEPS_S = (-172_800, -7_200, -60, 60, 7_200, 86_400)
 LIVENESS_S = 30.0          # after the last step: the first ack within this
 RESTART_ON_FULL_DISK_S = 30.0   # a node restarted on a full disk answers /health within this
 MONITOR_PERIOD_S = 0.1
@@ -111,18 +114,29 @@ def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tup
         return Fault(kind, target, str(rng.choice(DELAYS_MS)))
     if kind == "disk_full":
         return Fault(kind, target, rng.choice(("", "restart")))
+    if kind.startswith("clock_step"):
+        return Fault(kind, target, str(rng.choice(CLOCK_STEPS_S)))
     return Fault(kind, target)
 
 
-def disk_kinds(kinds: tuple[str, ...] = KINDS, weights: tuple[int, ...] = KIND_WEIGHTS
-               ) -> tuple[tuple[str, ...], tuple[int, ...], str | None]:
-    """The kinds and weights to draw from here: without disk_full where no small disk can be
-    mounted (not root), with the reason."""
+def available_kinds(kinds: tuple[str, ...] = KINDS, weights: tuple[int, ...] = KIND_WEIGHTS
+                    ) -> tuple[tuple[str, ...], tuple[int, ...], dict[str, str]]:
+    """The kinds and weights to draw from here, and why any were left out: disk_full where no
+    small disk can be mounted (not root), clock steps where the shim cannot be built."""
+    off: dict[str, str] = {}
     why = small_disk.unavailable()
-    if why is None:
-        return kinds, weights, None
-    keep = [i for i, k in enumerate(kinds) if k != "disk_full"]
-    return tuple(kinds[i] for i in keep), tuple(weights[i] for i in keep), why
+    if why is not None:
+        off["disk"] = why
+    why = wallclock.unavailable()
+    if why is not None:
+        off["clock"] = why
+    keep = [i for i, k in enumerate(kinds)
+            if not ("disk" in off and k == "disk_full") and not ("clock" in off and k.startswith("clock_step"))]
+    return tuple(kinds[i] for i in keep), tuple(weights[i] for i in keep), off
+
+
+def fault_figures(off: dict[str, str]) -> dict[str, str]:
+    return {f"{what}_faults": f"off: {off[what]}" if what in off else "on" for what in ("disk", "clock")}
 
 
 class ClaimMonitor(Poller):
@@ -248,9 +262,17 @@ class Nemesis:
                 _wait_serving(n, RESTART_ON_FULL_DISK_S, f"{node} restarted on a full disk")
                 disk.free()
             return up_then_free
+        elif f.kind == "clock_step":
+            return self._step_clock(node, int(f.mode), what)
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return lambda: c.hub.heal("*")
+
+    def _step_clock(self, name: str, by_s: int, what: str):
+        clock = self.cluster.clock
+        clock.step(name, by_s)
+        self.applied.append(f"{what} {by_s:+d} s")
+        return lambda: clock.step(name, -by_s)
 
     def _start_all(self) -> None:
         for n in self.cluster.nodes.values():
@@ -260,6 +282,8 @@ class Nemesis:
     def heal_all(self) -> None:
         """Every fault undone: links healed, disks freed, paused nodes continued, dead ones started."""
         self.cluster.heal()
+        if self.cluster.clock is not None:
+            self.cluster.clock.reset()
         for disk in self.cluster.disks.values():
             disk.free()
         for n in self.cluster.nodes.values():
@@ -273,12 +297,12 @@ class Nemesis:
 
 def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     """One seed's whole run; raises AssertionError (with the applied steps) on any failed check."""
-    kinds, weights, no_disk = disk_kinds()
+    kinds, weights, off = available_kinds()
     steps = schedule(seed, seconds, kinds, weights)
     cluster = workload = monitor = nemesis = offsets = None
     failed = True
     try:
-        cluster = started_cluster(root, nodes, None if no_disk else DISK_MIB)
+        cluster = started_cluster(root, nodes, None if "disk" in off else DISK_MIB, "clock" not in off)
         workload = Workload(cluster, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
         workload.create_topic()
         workload.start()
@@ -317,17 +341,17 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         if cluster is not None:
             cluster.close(keep_stores=failed)
     figures.update(run_figures(seed, nemesis, liveness_s, attempts), nodes=nodes, leader_terms_seen=len(monitor.claims),
-                   disk_faults=f"off: {no_disk}" if no_disk else "on")
+                   **fault_figures(off))
     return figures
 
 
-def started_cluster(root: str, nodes: int, disk_mib: int | None) -> DLedgerCluster:
+def started_cluster(root: str, nodes: int, disk_mib: int | None, wall_clock: bool = False) -> DLedgerCluster:
     """A started group on fresh ports. Ports are probed free and then bound by the nodes, and
     any process may take one in between (an outgoing connection's ephemeral port): a start
     that fails on "address already in use" is tried again on new ports, START_ATTEMPTS times."""
     for attempt in range(START_ATTEMPTS):
         cluster = DLedgerCluster(os.path.join(root, f"cluster{attempt or ''}"), ids=tuple(f"n{i}" for i in range(nodes)),
-                                 disk_mib=disk_mib)
+                                 disk_mib=disk_mib, wall_clock=wall_clock)
         try:
             cluster.start()
             return cluster

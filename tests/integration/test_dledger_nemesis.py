@@ -28,7 +28,7 @@ def test_a_seed_gives_one_schedule_and_the_schedules_cover_every_fault():
     assert schedule(5, 60) == schedule(5, 60)
     assert schedule(5, 60) != schedule(6, 60)
     kinds = {f.kind for seed in range(1, 30) for step in schedule(seed, 60) for f in step.faults}
-    assert kinds == {"kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "kill_all"}
+    assert kinds == {"kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "kill_all"}
     for step in schedule(3, 600):
         assert 0.3 <= step.hold_s <= 3.0 and 0.3 <= step.rest_s <= 1.5
         assert 1 <= len(step.faults) <= 2
@@ -62,4 +62,4 @@ def test_random_faults_lose_no_acked_message(tmp_path, seed):
     figures = run_seed(seed, SECONDS, str(tmp_path))
     print(f"nemesis: {figures}")
     assert figures["acked"] > 0 and figures["liveness_s"] > 0
-    assert figures["disk_faults"] == "on"
+    assert figures["disk_faults"] == "on" and figures["clock_faults"] == "on"

@@ -37,4 +37,4 @@ def test_random_faults_lose_no_message_acked_send_ok(tmp_path, seed):
     figures = run_seed(seed, SECONDS, str(tmp_path))
     print(f"ha nemesis: {figures}")
     assert figures["acked"] > 0 and figures["liveness_s"] > 0
-    assert figures["disk_faults"] == "on"
+    assert figures["disk_faults"] == "on" and figures["clock_faults"] == "on"

@@ -1,0 +1,80 @@
+"""Wall-clock steps for real node processes (wallclock_shim.c, loaded with LD_PRELOAD).
+
+    clock = WallClock(dir)            # builds the shim once per test session
+    proc.env = {**(proc.env or {}), **clock.env("n0")}
+    clock.step("n0", +7200)           # n0's time.time() is two hours ahead from now on
+
+Each process named gets a file of its own holding its offset; a step rewrites it atomically
+and the process sees it within ~20 ms. Only CLOCK_REALTIME moves: monotonic clocks (Raft
+ticks, leases, timeouts) and the kernel's own stamps (file mtimes) do not, as with a real
+NTP step. Needs a C compiler (`cc`); without one `WallClock` raises with that reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+
+SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wallclock_shim.c")
+_built: dict[str, str] = {}     # source mtime -> built library, per interpreter
+
+
+def build_shim() -> str:
+    """The shared library, compiled into a temp dir on first use."""
+    key = str(os.stat(SHIM_SOURCE).st_mtime_ns)
+    if key in _built and os.path.exists(_built[key]):
+        return _built[key]
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise RuntimeError("the wall-clock shim needs a C compiler (cc): apt-get install gcc")
+    out = os.path.join(tempfile.mkdtemp(prefix="mqstore-wallclock-"), "wallclock.so")
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", out, SHIM_SOURCE, "-ldl"], check=True,
+                   capture_output=True, timeout=60)
+    _built[key] = out
+    return out
+
+
+def unavailable() -> str | None:
+    """Why steps cannot be made here (no C compiler, the shim does not build), or None."""
+    try:
+        build_shim()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return str(e)
+    return None
+
+
+class WallClock:
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        self.library = build_shim()
+        self.offsets: dict[str, float] = {}
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, f"{name}.offset")
+
+    def env(self, name: str) -> dict[str, str]:
+        """Environment for process `name` (its offset starts at 0)."""
+        if name not in self.offsets:
+            self.set(name, 0.0)
+        return {"LD_PRELOAD": self.library, "MQSTORE_WALLCLOCK_FILE": self._path(name)}
+
+    def set(self, name: str, offset_s: float) -> None:
+        tmp = self._path(name) + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{int(offset_s * 1e9)}\n")
+        os.replace(tmp, self._path(name))
+        self.offsets[name] = offset_s
+
+    def reset(self) -> None:
+        """Every process back to the real wall clock."""
+        for name in list(self.offsets):
+            self.set(name, 0.0)
+
+    def step(self, name: str, by_s: float, settle_s: float = 0.05) -> None:
+        """Move `name`'s wall clock by `by_s` seconds (either way) from its current offset."""
+        self.set(name, self.offsets.get(name, 0.0) + by_s)
+        time.sleep(settle_s)      # the shim looks at the file at most every 20 ms
