@@ -9,8 +9,9 @@ Method: tests/integration/wallclock.py (an LD_PRELOAD shim that moves one proces
 CLOCK_REALTIME only); every step is held under load for longer than the timeout it could
 trip (an election timeout; the controller's 3 s heartbeat timeout), and each test first shows
 the step took effect (a message stored after it carries the shifted time).
-Out of scope: requests signed with the cluster secret or an ACL key carry a timestamp checked
-within +-60 s (docs/security.md): a step beyond that on a secure cluster refuses them, as
+Out of scope: requests signed with the cluster secret (+-60 s) or an ACL key
+(aclReplayWindowMs, +-5 min) carry a timestamp checked against the receiver's wall clock
+(docs/security.md, "Clocks"): a step beyond that on a secure cluster refuses them, as
 Kerberos does for a skewed clock.
 """
 
