@@ -12,6 +12,7 @@ NTP step. Needs a C compiler (`cc`); without one `WallClock` raises with that re
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -30,7 +31,9 @@ def build_shim() -> str:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise RuntimeError("the wall-clock shim needs a C compiler (cc): apt-get install gcc")
-    out = os.path.join(tempfile.mkdtemp(prefix="mqstore-wallclock-"), "wallclock.so")
+    where = tempfile.mkdtemp(prefix="mqstore-wallclock-")
+    atexit.register(shutil.rmtree, where, True)   # a process already running keeps its mapping
+    out = os.path.join(where, "wallclock.so")
     subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", out, SHIM_SOURCE, "-ldl"], check=True,
                    capture_output=True, timeout=60)
     _built[key] = out
