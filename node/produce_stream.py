@@ -150,11 +150,11 @@ class StreamProtocol(asyncio.Protocol):
     # --- connection -----------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # a stream transport of whatever loop runs us (uvloop's do not subclass asyncio's)
-        self.transport = cast(asyncio.Transport, transport)
+        t = self.transport = cast(asyncio.Transport, transport)
         if not self.server.connections.try_enter():
-            transport.write(_error_frame(F.CONNECTION, "LIMIT_EXCEEDED", "too many produce stream connections "
-                                         f"(maxStreamConnections {self.server.connections.cap})", 503, True))
-            transport.close()
+            t.write(_error_frame(F.CONNECTION, "LIMIT_EXCEEDED", "too many produce stream connections "
+                                 f"(maxStreamConnections {self.server.connections.cap})", 503, True))
+            t.close()
             return
         self.admitted = True
         self.server.open.add(self)
