@@ -66,9 +66,13 @@ def test_controller_dashboard_shows_groups_master_epoch_and_sync_state_set(group
     drv = open_browser()
     try:
         drv.get(f"http://127.0.0.1:{g.ctl_api[follower]}/dashboard")
-        wait_text(drv, "#served-by", lambda t: t == "controller · FOLLOWER")
-        # The leader as it is when the page is read (CI once saw leadership move between the
-        # start-up and this check; the page must then show the new leader).
+        # The roles as they are when the page is read: CI saw leadership move between the
+        # start-up and these checks (once to the controller this page is served by); the page
+        # must then show the new roles.
+        def shows_its_own_role(text: str) -> bool:
+            now = g.leader_controller()
+            return now is not None and text == f"controller · {'LEADER' if now == follower else 'FOLLOWER'}"
+        wait_text(drv, "#served-by", shows_its_own_role)
         def shows_the_leader(text: str) -> bool:
             now = g.leader_controller()
             return now is not None and text == f"127.0.0.1:{g.ctl_api[now]}"
