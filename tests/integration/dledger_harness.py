@@ -122,7 +122,7 @@ class DLedgerCluster:
             self.nodes[s.node_id] = NodeProc(s.node_id, api[s.node_id], raft[s.node_id], s.config_path,
                                              s.store_dir, s.log_path)
             if self.clock is not None:
-                self.nodes[s.node_id].env = {**(self.nodes[s.node_id].env or {}), **self.clock.env(s.node_id)}
+                self.clock.attach(s.node_id, self.nodes[s.node_id])
         # With `disk_mib`, each store is a file system of its own that a test can fill (small_disk).
         self.disks: dict[str, SmallDisk] = {}
         try:

@@ -112,7 +112,7 @@ class ClassicGroup:
                     "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
                 self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
             for name, proc in [*self.controllers.items(), *self.nodes.items()] if self.clock else ():
-                proc.env = {**(proc.env or {}), **self.clock.env(name)}
+                self.clock.attach(name, proc)
             # With `disk_mib`, each broker's store is a file system of its own that a test can fill.
             for b in BROKERS if disk_mib else ():
                 self.disks[b] = SmallDisk(self.nodes[b].store_dir, disk_mib).mount()

@@ -22,9 +22,7 @@ import time
 import pytest
 
 from mqstore import localcluster as lc
-from mqstore.localcluster import request as http
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, Workload, verify_stores
-from tests.integration.dledger_harness import http as node_http
 from tests.integration.test_ha_processes import TOPIC, Group, _bring_up, wait_for
 from tests.integration.wallclock import WallClock
 
@@ -43,12 +41,12 @@ def _shift_ms(store_timestamp_ms: int, sent_at_s: float) -> float:
 def _probe(api: str, create: bool = False) -> int:
     """Store one message on `api` (a leader or master); its store timestamp."""
     if create:
-        st, doc = node_http(api, "POST", "/topics", {"topic": PROBE_TOPIC, "queues": 1})
+        st, doc = lc.http(api, "POST", "/topics", {"topic": PROBE_TOPIC, "queues": 1})
         assert st in (200, 201), doc
-    st, doc = node_http(api, "POST", f"/topics/{PROBE_TOPIC}/messages", {"messages": [{"body": "probe", "queue_id": 0}]})
+    st, doc = lc.http(api, "POST", f"/topics/{PROBE_TOPIC}/messages", {"messages": [{"body": "probe", "queue_id": 0}]})
     assert st == 200 and doc["results"][0]["status"] in ("SEND_OK", "SLAVE_NOT_AVAILABLE"), doc
     offset = doc["results"][0]["queue_offset"]
-    st, got = node_http(api, "GET", f"/topics/{PROBE_TOPIC}/queues/0/messages?offset={offset}&max=1")
+    st, got = lc.http(api, "GET", f"/topics/{PROBE_TOPIC}/queues/0/messages?offset={offset}&max=1")
     assert st == 200 and got["messages"], got
     return got["messages"][0]["store_timestamp"]
 
@@ -117,10 +115,12 @@ class ClockGroup(Group):
         self.clock = clock
 
     def _spawn(self, name: str, argv: list[str]) -> None:
-        self.procs[name] = lc.Proc(argv, f"{self.tmp}/{name}.log", name, env=self.clock.env(name)).start()
+        proc = lc.Proc(argv, f"{self.tmp}/{name}.log", name)
+        self.clock.attach(name, proc)
+        self.procs[name] = proc.start()
 
     def controller_view(self) -> tuple:
-        _, doc = http("GET", f"http://127.0.0.1:{self.ctl_api}/groups", timeout=2)
+        doc = lc.get_ok(f"127.0.0.1:{self.ctl_api}", "/groups", 2.0) or {}
         g = {x["broker_name"]: x for x in doc.get("groups", [])}.get("broker-b", {})
         return g.get("master_addr"), g.get("master_epoch"), sorted(g.get("sync_state_set", []))
 

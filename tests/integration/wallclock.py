@@ -1,7 +1,7 @@
 """Wall-clock steps for real node processes (wallclock_shim.c, loaded with LD_PRELOAD).
 
     clock = WallClock(dir)            # builds the shim once per test session
-    proc.env = {**(proc.env or {}), **clock.env("n0")}
+    clock.attach("n0", proc)
     clock.step("n0", +7200)           # n0's time.time() is two hours ahead from now on
 
 Each process named gets a file of its own holding its offset; a step rewrites it atomically
@@ -64,6 +64,10 @@ class WallClock:
         if name not in self.offsets:
             self.set(name, 0.0)
         return {"LD_PRELOAD": self.library, "MQSTORE_WALLCLOCK_FILE": self._path(name)}
+
+    def attach(self, name: str, proc) -> None:
+        """Run `proc` (an mqstore.localcluster.Proc not started yet) under the shim as `name`."""
+        proc.env = {**(proc.env or {}), **self.env(name)}
 
     def set(self, name: str, offset_s: float) -> None:
         tmp = self._path(name) + ".tmp"
