@@ -97,6 +97,7 @@ class _Client:
 
     async def start(self):
         await self.transport.start()
+        await self.routes.learn_name()
         return self
 
     async def close(self) -> None:
@@ -230,7 +231,7 @@ class AsyncConsumer(_Client):
             self.subscribe(t, expr)
         if self.message_model is MessageModel.BROADCASTING:
             base = offset_store_dir or os.path.join(os.path.expanduser("~"), ".mqstore_offsets")
-            self.offsets: Any = LocalFileOffsetStore(base, self.client_id, group)
+            self.offsets: Any = LocalFileOffsetStore(base, self.client_id, group, self.routes.aliases)
         else:
             self.offsets = RemoteOffsetStore(self.transport, self.routes, group)
         self.process_queues: dict[MessageQueue, _ProcessQueue] = {}

@@ -63,10 +63,11 @@ class RemoteOffsetStore:
 
 
 class LocalFileOffsetStore:
-    def __init__(self, base_dir: str, client_id: str, group: str):
+    def __init__(self, base_dir: str, client_id: str, group: str, aliases: dict[str, str] | None = None):
         safe = client_id.replace(os.sep, "_")
         self.path = os.path.join(base_dir, safe, group, "offsets.json")
         self.table: dict[MessageQueue, int] = {}
+        self.aliases = {} if aliases is None else aliases   # RouteTable.aliases, filled as groups are named
         self._loaded = self._load()
 
     def _load(self) -> dict[MessageQueue, int]:
@@ -86,7 +87,16 @@ class LocalFileOffsetStore:
         self.table[mq] = offset
 
     async def read(self, mq: MessageQueue) -> int | None:
-        return self.table.get(mq, self._loaded.get(mq))
+        got = self.table.get(mq, self._loaded.get(mq))
+        if got is None:
+            # A row written under the name the group had before its nodes named it: it moves
+            # to the group's name (and the file keeps only that once persisted).
+            for old in [o for o, new in self.aliases.items() if new == mq.broker_name]:
+                got = self._loaded.pop(MessageQueue(mq.topic, old, mq.queue_id), None)
+                if got is not None:
+                    self._loaded[mq] = got
+                    break
+        return got
 
     async def persist(self, queues: Any = None) -> int:
         merged = {**self._loaded, **self.table}

@@ -88,6 +88,7 @@ class AsyncProducer:
 
     async def start(self) -> "AsyncProducer":
         await self.transport.start()
+        await self.routes.learn_name()
         self._started = True
         return self
 

@@ -6,6 +6,11 @@ DLedger group) or `{"broker-a": [...], "broker-b": [...]}` (several groups). Eac
 Controller: `controller="h:p"` (or a list); `GET /routes/{topic}` gives the queue ids per
 group and the groups' node addresses (ha/controller_server.py, TopicRouteData).
 Routes are cached for `ttl_s` and dropped on a send failure.
+
+A bare address list names no group: it is called DEFAULT_GROUP until one of its nodes has told
+its brokerName (`GET /health`, asked on start and before a route lookup while unknown); then
+the group takes that name, so send results, queues and messages carry it as RocketMQ's do, and
+DEFAULT_GROUP stays an alias of it (a MessageQueue built with it still resolves).
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from mqstore.client.errors import MQBrokerError, MQConfigError, MQConnectError
+from mqstore.client.errors import MQBrokerError, MQClientError, MQConfigError, MQConnectError
 from mqstore.client.message import MessageQueue
 from mqstore.client.transport import BrokerGroup, Transport
 
-DEFAULT_GROUP = "broker"
+DEFAULT_GROUP = "broker"      # a bare address list's group until its nodes give its name
+NAME_LOOKUP_TIMEOUT_S = 1.0   # GET /health for the name: a group that is down delays start by this at most
+NAME_RETRY_S = 5.0            # while unnamed, a route lookup asks again at most this often
 MAX_CACHED_ROUTES = 1024
 
 
@@ -48,6 +55,9 @@ class RouteTable:
         self.transport = transport
         self.ttl_s = ttl_s
         self.groups: dict[str, BrokerGroup] = parse_brokers(brokers) if brokers is not None else {}
+        self.aliases: dict[str, str] = {}   # a name the group had before its nodes named it -> its name
+        self._unnamed = isinstance(brokers, (str, list, tuple))
+        self._name_asked_at = -NAME_RETRY_S
         self.controller = None
         if controller is not None:
             addrs = [controller] if isinstance(controller, str) else list(controller)
@@ -56,6 +66,8 @@ class RouteTable:
 
     def group(self, name: str) -> BrokerGroup:
         g = self.groups.get(name)
+        if g is None and name in self.aliases:
+            g = self.groups.get(self.aliases[name])
         if g is None:
             raise MQConfigError(f"unknown broker group {name!r}; known: {sorted(self.groups)}")
         return g
@@ -63,7 +75,27 @@ class RouteTable:
     def invalidate(self, topic: str) -> None:
         self._routes.pop(topic, None)
 
+    async def learn_name(self) -> None:
+        """Name a bare address list's group as its nodes do (best effort: unreachable nodes leave
+        DEFAULT_GROUP, and a route lookup asks again, at most every NAME_RETRY_S)."""
+        if not self._unnamed:
+            return
+        self._name_asked_at = time.monotonic()
+        g = self.groups[DEFAULT_GROUP]
+        try:
+            doc = await self.transport.call(g, "GET", "/health", timeout_s=NAME_LOOKUP_TIMEOUT_S)
+        except MQClientError:
+            return
+        self._unnamed = False
+        name = doc.get("group")
+        if isinstance(name, str) and name and name != DEFAULT_GROUP:
+            del self.groups[DEFAULT_GROUP]
+            g.name = self.aliases[DEFAULT_GROUP] = name
+            self.groups[name] = g
+
     async def route(self, topic: str, refresh: bool = False) -> TopicRoute:
+        if self._unnamed and time.monotonic() - self._name_asked_at >= NAME_RETRY_S:
+            await self.learn_name()
         r = self._routes.get(topic)
         if r is not None and not refresh and time.monotonic() - r.fetched_at < self.ttl_s:
             return r

@@ -459,3 +459,29 @@ def test_a_member_that_dies_without_leaving_is_expired_and_its_queues_reassigned
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_regression_a_bare_address_list_takes_the_group_name_its_node_reports(node, name):
+    """Given as a bare address list, the group was called "broker" in every send result, queue
+    and message while the node's brokerName (mqadmin's, the CLI's) was another: the client
+    now names the group as its node does, and "broker" still resolves as an alias."""
+    topic = name()
+
+    async def go():
+        await make_topic(node.addr, topic, 2)
+        async with AsyncAdmin(brokers=node.addr) as admin:
+            real = (await admin.transport.call(admin.routes.group("broker"), "GET", "/health"))["group"]
+            assert real and real != "broker"
+            assert list(await admin.topic_status(topic)) == [real]
+        async with AsyncProducer(brokers=node.addr) as p:
+            r = await p.send(Message(topic, b"named"))
+            assert r.broker_name == real
+            old = await p.send(Message(topic, b"alias"), queue=MessageQueue(topic, "broker", 1))
+            assert old.status is SendStatus.SEND_OK and old.queue_id == 1
+        async with AsyncPullConsumer("named", brokers=node.addr) as pc:
+            queues = await pc.fetch_queues(topic)
+            assert {mq.broker_name for mq in queues} == {real}
+            pulled = [m for mq in queues for m in (await pc.pull(mq, 0, 32)).messages]
+            assert sorted(m.body for m in pulled) == [b"alias", b"named"]
+            assert {m.broker_name for m in pulled} == {real}
+    run(go())

@@ -7,12 +7,18 @@ clock, bad settings fail with an error naming them, and member heartbeats expire
 
 from __future__ import annotations
 
+import json
+import time
+
 import pytest
 
 from mqstore import (LatencyFaultTolerance, Message, MessageQueue, MQConfigError, allocate_averagely)
 from mqstore.client.message import UNIQ_IDS
 from mqstore.client.producer import AsyncProducer, sharding_selector
-from mqstore.client.route import parse_brokers
+from mqstore.client.offsets import LocalFileOffsetStore
+from mqstore.client.route import DEFAULT_GROUP, NAME_LOOKUP_TIMEOUT_S, RouteTable, parse_brokers
+from mqstore.client.transport import Transport
+from tests.client.conftest import run
 from node.consumer_groups import ConsumerGroups
 
 
@@ -153,3 +159,48 @@ def test_regression_dispatcher_uses_the_configured_delay_levels(tmp_path):
     broker = build_broker(config)
     assert broker.dispatcher.delay_levels_ms == (3000, 60000)
     assert broker.services.schedule.levels_ms == (3000, 60000)
+
+
+def test_local_offsets_written_before_the_group_was_named_move_to_its_name(tmp_path):
+    """A broadcasting consumer's offsets.json from before the client named a bare address list's
+    group holds rows under DEFAULT_GROUP: they are read for the named group's queues (not lost,
+    so consumption resumes there), and once persisted the file holds only the group's name."""
+    old = LocalFileOffsetStore(str(tmp_path), "c1", "G")
+    old.update(MessageQueue("T", DEFAULT_GROUP, 0), 7)
+    old.update(MessageQueue("T", DEFAULT_GROUP, 1), 3)
+    run(old.persist())
+    aliases: dict[str, str] = {}
+    store = LocalFileOffsetStore(str(tmp_path), "c1", "G", aliases)
+    assert run(store.read(MessageQueue("T", "broker-a", 0))) is None     # not named yet: no guess
+    aliases[DEFAULT_GROUP] = "broker-a"
+    assert run(store.read(MessageQueue("T", "broker-a", 0))) == 7
+    assert run(store.read(MessageQueue("T", "broker-b", 1))) is None     # another group's queue: no match
+    store.update(MessageQueue("T", "broker-a", 0), 9)
+    run(store.persist())
+    rows = lambda: sorted((r["broker_name"], r["queue_id"], r["offset"])         # noqa: E731
+                          for r in json.load(open(store.path))["offsets"])
+    assert rows() == [("broker", 1, 3), ("broker-a", 0, 9)]      # queue 1 was not read: kept as it was
+    again = LocalFileOffsetStore(str(tmp_path), "c1", "G", {DEFAULT_GROUP: "broker-a"})
+    assert run(again.read(MessageQueue("T", "broker-a", 0))) == 9
+    assert run(again.read(MessageQueue("T", "broker-a", 1))) == 3
+    run(again.persist())
+    assert rows() == [("broker-a", 0, 9), ("broker-a", 1, 3)]
+
+
+def test_an_unreachable_bare_address_list_keeps_its_placeholder_name_and_asks_again():
+    async def go():
+        t = Transport(10.0)
+        await t.start()
+        try:
+            routes = RouteTable(t, brokers="127.0.0.1:9")     # the discard port: nothing listens
+            t0 = time.monotonic()
+            await routes.learn_name()
+            assert time.monotonic() - t0 < NAME_LOOKUP_TIMEOUT_S + 1.0     # not the request timeout
+            assert list(routes.groups) == [DEFAULT_GROUP] and routes.aliases == {}
+            assert routes.group(DEFAULT_GROUP).addrs == ["127.0.0.1:9"]
+            named = RouteTable(t, brokers={"broker-x": ["127.0.0.1:9"]})
+            await named.learn_name()                          # a named group is never renamed (no call)
+            assert list(named.groups) == ["broker-x"]
+        finally:
+            await t.close()
+    run(go())
