@@ -511,9 +511,10 @@ def cmd_cluster(a) -> int:
     except ImportError as e:
         raise CliError(f"`mqstore cluster` is not built yet ({e})") from None
     if a.action == "up":
-        return cluster.up_main(a.dir, a.mode, a.nodes, a.base_port, a.detach, a.secure)
+        nodes = a.nodes if a.nodes is not None else (2 if a.mode == "classic" else 3)
+        return cluster.up_main(a.dir, a.mode, nodes, a.base_port, a.detach, a.secure)
     stopped = cluster.stop(a.dir)
-    print(f"stopped {len(stopped)} node process(es)")
+    print(f"stopped {len(stopped)} process(es)")
     return 0
 
 
@@ -556,8 +557,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cluster", help="local cluster of node processes")
     p.add_argument("action", choices=["up", "down"])
     p.add_argument("--dir", default="./mqstore-cluster")
-    p.add_argument("--mode", default="dledger", choices=["dledger", "standalone"])
-    p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--mode", default="dledger", choices=["dledger", "standalone", "classic"],
+                   help="dledger: a Raft group; standalone: one node; classic: 3 controllers and a "
+                        "master/slave group")
+    p.add_argument("--nodes", type=int, default=None, help="nodes of the group (dledger 3, classic 2)")
     p.add_argument("--base-port", type=int, default=10911)
     p.add_argument("--detach", action="store_true")
     p.add_argument("--secure", action="store_true",

@@ -4,7 +4,14 @@ Each node gets its own store directory, a generated `broker.conf` and a log
 file under the cluster directory; `cluster.json` there records the PIDs this
 command started, so `cluster down` ends exactly those.
 
-Modes: `dledger` (default: one Raft group of 3 nodes), `standalone` (one node).
+Modes: `dledger` (default: one Raft group of 3 nodes), `standalone` (one node), `classic`
+(three controllers, RocketMQ 5's controller mode, and a broker group of `--nodes` brokers,
+default 2: the controllers elect the master, the others are its slaves, SYNC_MASTER).
+
+Ports from `--base-port` B (default 10911, RocketMQ's): node i serves its API on B + 10 i,
+its produce stream on that - 2 and (classic) its HA port on that + 1; DLedger Raft on
+40911 + i + (B - 10911); controller j (classic) its API on 9876 + 10 j + (B - 10911), its
+pysyncobj port on that + 2.
 
 `--secure` (docs/security.md) writes `acl.json` (one admin account, random secret key) and
 `cluster.secret` (random) into the cluster directory, both mode 600, and starts the nodes
@@ -28,6 +35,9 @@ HEALTH_TIMEOUT_S = 30.0
 ACL_FILE = "acl.json"
 SECRET_FILE = "cluster.secret"
 ADMIN_ACCESS_KEY = "local-admin"
+MODES = ("dledger", "standalone", "classic")
+CONTROLLERS = 3
+CONTROLLER_BASE_PORT = 9876     # RocketMQ's name-server port: the controllers hold the routes here
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,31 @@ class NodeSpec:
     def stream_port(self) -> int:
         """The produce stream, at RocketMQ's fast-channel port (listenPort - 2)."""
         return self.api_port - 2
+
+
+@dataclass(frozen=True)
+class ControllerSpec:
+    ctl_id: str
+    api_port: int
+    raft_port: int
+    data_dir: str
+    log_path: str
+
+    @property
+    def api(self) -> str:
+        return f"127.0.0.1:{self.api_port}"
+
+
+def plan_controllers(directory: str, base_port: int) -> list[ControllerSpec]:
+    first = CONTROLLER_BASE_PORT + base_port - 10911
+    return [ControllerSpec(f"c{j}", first + 10 * j, first + 10 * j + 2, os.path.join(directory, f"c{j}", "data"),
+                           os.path.join(directory, f"c{j}", "controller.log")) for j in range(CONTROLLERS)]
+
+
+def controller_argvs(ctls: list[ControllerSpec]) -> list[list[str]]:
+    return [lc.controller_argv(c.api_port, c.raft_port, c.data_dir,
+                               [f"127.0.0.1:{o.raft_port}" for o in ctls if o is not c],
+                               [o.api for o in ctls if o is not c]) for c in ctls]
 
 
 def write_security(directory: str) -> tuple[str, str]:
@@ -73,8 +108,12 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
          secure: bool = False) -> list[NodeSpec]:
     """Node specs and their broker.conf files (written) for a local cluster; with `secure`, the
     files of write_security must be in `directory` already."""
+    if mode not in MODES:
+        raise SystemExit(f"--mode must be one of {', '.join(MODES)}")
     if mode == "standalone":
         nodes = 1
+    if mode == "classic" and nodes < 2:
+        raise SystemExit("--mode classic needs --nodes 2 or more (a master and its slaves)")
     specs = [NodeSpec(f"n{i}", base_port + 10 * i, 40911 + i + (base_port - 10911),
                       os.path.join(directory, f"n{i}", "broker.conf"), os.path.join(directory, f"n{i}", "store"),
                       os.path.join(directory, f"n{i}", "node.log")) for i in range(nodes)]
@@ -84,7 +123,6 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
         lines = [
             "brokerClusterName=DefaultCluster",
             f"brokerName={group}",
-            "brokerId=0",
             "brokerIP1=127.0.0.1",
             f"listenPort={s.api_port}",
             f"streamListenPort={s.stream_port}",
@@ -94,7 +132,12 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
             "autoCreateTopicEnable=true",
         ]
         if mode == "dledger":
-            lines += lc.dledger_lines(s.node_id, group, raft, api)
+            lines += ["brokerId=0", *lc.dledger_lines(s.node_id, group, raft, api)]
+        elif mode == "classic":    # the role a broker takes when the controllers elect it master
+            ctl = ";".join(c.api for c in plan_controllers(directory, base_port))
+            lines += lc.classic_lines(specs.index(s), "SYNC_MASTER", s.api_port + 1, ctl)
+        else:
+            lines.append("brokerId=0")
         if secure:
             lines += security_lines(directory)
         lc.write_conf(s.config_path, lines)
@@ -107,17 +150,37 @@ def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int 
     if os.path.exists(os.path.join(directory, STATE_FILE)):
         raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
     specs = plan(directory, mode, nodes, base_port, secure=secure)
-    procs = [lc.Proc(lc.node_argv(s.config_path), s.log_path, s.node_id, new_session=True).start() for s in specs]
-    pids = [p.pid for p in procs]
-    with open(os.path.join(directory, STATE_FILE), "w") as f:
-        json.dump({"mode": mode, "pids": pids, "apis": [s.api for s in specs]}, f)
+    ctls = plan_controllers(directory, base_port) if mode == "classic" else []
+    record: dict = {"mode": mode, "pids": [], "apis": [s.api for s in specs], "controllers": [c.api for c in ctls]}
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
-    for s in specs:
+
+    def launch(argv: list[str], log_path: str, name: str) -> None:
+        record["pids"].append(lc.Proc(argv, log_path, name, new_session=True).start().pid)
+        with open(os.path.join(directory, STATE_FILE), "w") as f:      # `cluster down` ends what is recorded
+            json.dump(record, f)
+
+    def healthy(s: NodeSpec | ControllerSpec, roles: tuple[str, ...] = ()) -> None:
         try:
-            lc.wait_healthy(s.api, timeout_s=max(0.0, deadline - time.monotonic()), interval=0.2)
+            lc.wait_for(lambda: (lambda h: h is not None and (not roles or h.get("role") in roles))(lc.health(s.api)),
+                        max(0.0, deadline - time.monotonic()), s.api, interval=0.2)
         except lc.ClusterError:
             stop(directory)
-            raise SystemExit(f"node {s.node_id} did not become healthy in {HEALTH_TIMEOUT_S:.0f} s; see {s.log_path}")
+            name = s.ctl_id if isinstance(s, ControllerSpec) else s.node_id
+            raise SystemExit(f"{name} did not become healthy{' as ' + roles[0] if roles else ''} in "
+                             f"{HEALTH_TIMEOUT_S:.0f} s; see {s.log_path}") from None
+
+    for c, argv in zip(ctls, controller_argvs(ctls)):
+        launch(argv, c.log_path, c.ctl_id)
+    for c in ctls:
+        healthy(c)
+    for i, s in enumerate(specs):
+        launch(lc.node_argv(s.config_path), s.log_path, s.node_id)
+        if ctls and i == 0:
+            # Classic: n0 alone first, so the controllers elect it (the first broker to register)
+            # and the master is at the base port, as in RocketMQ's default layout.
+            healthy(s, ("MASTER",))
+    for s in specs:
+        healthy(s)
     return specs
 
 
@@ -125,8 +188,25 @@ def wait_for_leader(specs: list[NodeSpec], timeout_s: float = 15.0) -> str | Non
     return lc.find_leader([s.api for s in specs], timeout_s, interval=0.2)
 
 
+def wait_in_sync(directory: str, base_port: int, brokers: int, group: str = "broker-a",
+                 timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+    """Classic: until the controllers' SyncStateSet holds every broker (a send then answers
+    SEND_OK, not SLAVE_NOT_AVAILABLE while a slave is still connecting)."""
+    def in_sync() -> bool:
+        for c in plan_controllers(directory, base_port):
+            doc = lc.get_ok(c.api, f"/groups/{group}/sync-state-set")
+            if doc is not None:
+                return sorted(doc.get("sync_state_set", [])) == list(range(brokers))
+        return False
+    try:
+        lc.wait_for(in_sync, timeout_s, "every broker in the SyncStateSet", interval=0.2)
+        return True
+    except lc.ClusterError:
+        return False
+
+
 def stop(directory: str) -> list[int]:
-    """End the node processes this cluster started (SIGTERM, then SIGKILL after 10 s)."""
+    """End the processes this cluster started (SIGTERM, then SIGKILL after 10 s)."""
     path = os.path.join(os.path.abspath(directory), STATE_FILE)
     if not os.path.exists(path):
         return []
@@ -183,7 +263,40 @@ Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with 
 """
 
 
+def classic_usage_text(specs: list[NodeSpec], master: str | None, directory: str, base_port: int,
+                       group: str = "broker-a") -> str:
+    ep = master or specs[0].api
+    ctls = plan_controllers(directory, base_port)
+    brokers = "\n".join(f"  {s.node_id}  http://{s.api}   brokerId={i}, HA port {s.api_port + 1}"
+                         f"{'   MASTER' if s.api == master else ''}   (log {s.log_path})"
+                         for i, s in enumerate(specs))
+    controllers = "\n".join(f"  {c.ctl_id}  http://{c.api}   (log {c.log_path})" for c in ctls)
+    ctl = ";".join(c.api for c in ctls)
+    return f"""mqstore classic cluster is up: group {group} of {len(specs)} brokers (SYNC_MASTER), {len(ctls)} controllers; master: {master or 'electing'}
+{brokers}
+Controllers (routes, and the master, epoch and SyncStateSet of the group):
+{controllers}
+
+Try it:
+  .venv/bin/mqstore updateTopic -n {ep} -t TopicTest -w 4
+  .venv/bin/mqstore send -n {ep} -t TopicTest -b hello --tags TagA --keys order-1
+  .venv/bin/mqstore pull -n {ep} -t TopicTest -q 0 -o 0
+  .venv/bin/mqstore haStatus -n {ep}
+  .venv/bin/mqstore getSyncStateSet -a '{ctl}' -b {group}
+  .venv/bin/mqstore getControllerMetaData -a '{ctl}'
+  .venv/bin/mqstore electMaster -a '{ctl}' -b {group} -i 1
+Failover: kill -9 the master (PIDs in {os.path.join(directory, STATE_FILE)}); the controllers elect a
+slave from the SyncStateSet within a few seconds, and the old master rejoins as a slave when restarted.
+
+Dashboard: http://{ep}/dashboard and http://{ctls[0].api}/dashboard
+
+Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with --detach).
+"""
+
+
 def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool, secure: bool = False) -> int:
+    if mode == "classic" and secure:
+        raise SystemExit("--secure is built for the dledger and standalone modes, not classic")
     keys = None
     if secure:
         directory = os.path.abspath(directory)
@@ -192,7 +305,15 @@ def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool,
         keys = write_security(directory)
     specs = start(directory, mode, nodes, base_port, secure=secure)
     leader = wait_for_leader(specs)
-    text = secure_usage_text(specs, leader, directory, keys) if keys else usage_text(specs, leader, directory)
+    if keys:
+        text = secure_usage_text(specs, leader, directory, keys)
+    elif mode == "classic":
+        text = classic_usage_text(specs, leader, os.path.abspath(directory), base_port)
+        if not wait_in_sync(os.path.abspath(directory), base_port, len(specs)):
+            text += ("\nNot every slave is in the SyncStateSet yet: until it is, sends answer "
+                     "SLAVE_NOT_AVAILABLE (stored on the master only).\n")
+    else:
+        text = usage_text(specs, leader, directory)
     print(text, flush=True)
     if detach:
         return 0

@@ -93,6 +93,19 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
+def free_base_port(ports_of: Callable[[int], Iterable[int]], lo: int = 12000, hi: int = 20000) -> int:
+    """A `--base-port` for `mqstore cluster up` whose every port (`ports_of(base)`) is free now."""
+    for _ in range(PORT_TRIES):
+        base = _port_rng.randrange(lo, hi, 10)
+        socks = [_bound(p) for p in ports_of(base)]
+        for s in socks:
+            if s is not None:
+                s.close()
+        if all(socks):
+            return base
+    raise ClusterError(f"no free port range for a cluster in {lo}..{hi}")
+
+
 def addr_of(where: int | str) -> str:
     """`host:port` for a port number or an address (a `http://` prefix is dropped)."""
     if isinstance(where, int):

@@ -13,9 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
-import random
 import re
-import socket
 import stat
 import subprocess
 import sys
@@ -29,24 +27,9 @@ from mqstore import localcluster as lc
 from node.acl import sign_headers
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_base_port() -> int:
-    """A base port whose API (base + 10 i) and Raft (40911 + i + base - 10911) ports are all free."""
-    rng = random.Random(os.getpid())
-    for _ in range(200):
-        base = rng.randrange(12000, 20000, 10)
-        ports = [base + 10 * i for i in range(3)] + [40911 + i + base - 10911 for i in range(3)]
-        if all(_bindable(p) for p in ports):
-            return base
-    raise RuntimeError("no free port range")
+def secure_ports(base: int) -> list[int]:
+    """Every port of `cluster up --base-port base`: APIs (base + 10 i) and Raft (40911 + i + base - 10911)."""
+    return [base + 10 * i for i in range(3)] + [40911 + i + base - 10911 for i in range(3)]
 
 
 def signed(method: str, url: str, keys: tuple[str, str], doc=None) -> tuple[int, dict]:
@@ -69,7 +52,7 @@ def signed(method: str, url: str, keys: tuple[str, str], doc=None) -> tuple[int,
 @pytest.fixture
 def secure_cluster(tmp_path):
     d = str(tmp_path / "c")
-    base = free_base_port()
+    base = lc.free_base_port(secure_ports)
     r = subprocess.run([sys.executable, "-m", "mqstore.cli", "cluster", "up", "--secure", "--detach",
                         "--dir", d, "--base-port", str(base)], capture_output=True, text=True, timeout=120)
     try:

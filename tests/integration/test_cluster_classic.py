@@ -1,0 +1,85 @@
+"""`mqstore cluster up --mode classic`: three controllers and a master/slave group on loopback.
+
+Method: the real command (`python -m mqstore.cli cluster up --mode classic --detach`) on free
+loopback ports. The master it prints is n0 (started first) and the controllers' master; once
+it returns the slave is in the SyncStateSet, and the commands it prints work
+(updateTopic, send, pull, haStatus with the slave in sync, getSyncStateSet with both brokers);
+a kill -9 of the master makes the controllers elect the slave, which stores a send, and the
+message sent before the kill is on it; `cluster down` ends exactly the five processes it
+started.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from mqstore import cli
+from mqstore import cluster as mc
+from mqstore import localcluster as lc
+
+
+def classic_ports(base: int) -> list[int]:
+    """Every port of `cluster up --mode classic --base-port base`: brokers' stream, API and HA
+    ports, controllers' API and Raft ports."""
+    ctls = mc.plan_controllers("/", base)
+    return [base + 10 * i + d for i in range(2) for d in (-2, 0, 1)] + [p for c in ctls for p in (c.api_port, c.raft_port)]
+
+
+@pytest.fixture
+def classic_cluster(tmp_path):
+    d = str(tmp_path / "c")
+    r = subprocess.run([sys.executable, "-m", "mqstore.cli", "cluster", "up", "--mode", "classic", "--detach",
+                        "--dir", d, "--base-port", str(lc.free_base_port(classic_ports))], capture_output=True, text=True, timeout=120)
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        yield d, r.stdout
+    finally:
+        stopped = mc.stop(d)
+        assert r.returncode != 0 or len(stopped) == 5
+
+
+def cli_json(*argv: str) -> dict:
+    buf = io.StringIO()
+    assert cli.main([*argv, "--json"], out=buf) == 0, buf.getvalue()
+    return json.loads(buf.getvalue())
+
+
+def test_classic_cluster_up_prints_working_commands_and_fails_over(classic_cluster):
+    d, out = classic_cluster
+    state = json.load(open(os.path.join(d, mc.STATE_FILE)))
+    assert state["mode"] == "classic" and len(state["pids"]) == 5 and len(state["apis"]) == 2
+    master = re.search(r"master: (127\.0\.0\.1:\d+)", out).group(1)
+    assert master == state["apis"][0]                      # n0, started first, is elected
+    slave = state["apis"][1]
+    ctl = re.search(r"getSyncStateSet -a '([^']+)' -b broker-a", out).group(1)
+    assert ctl.split(";") == state["controllers"]
+
+    cli_json("updateTopic", "-n", master, "-t", "TopicTest", "-w", "2")
+    sent = cli_json("send", "-n", master, "-t", "TopicTest", "-b", "before-failover")["results"][0]
+    assert sent["status"] == "SEND_OK", sent                       # SYNC_MASTER: the slave has it
+    pulled = cli_json("pull", "-n", master, "-t", "TopicTest", "-q", str(sent["queue_id"]), "-o", "0")
+    assert [m["body"] for m in pulled["messages"]] == ["before-failover"]
+    ha = cli_json("haStatus", "-n", master)
+    assert ha["master"] and [(c["broker_id"], c["in_sync"]) for c in ha["ha_connection_info"]] == [(1, True)], ha
+    sss = cli_json("getSyncStateSet", "-a", ctl, "-b", "broker-a")
+    assert sorted(sss["sync_state_set"]) == [0, 1] and sss["master_addr"] == master, sss
+
+    os.kill(state["pids"][3], signal.SIGKILL)                # controllers c0-c2, then n0, n1
+    lc.wait_for(lambda: (lc.health(slave) or {}).get("role") == "MASTER", 20, f"{slave} elected master")
+    after = lc.wait_for(lambda: (lambda doc: doc if doc and doc.get("results") else None)(
+        lc.http(slave, "POST", "/topics/TopicTest/messages",
+                {"messages": [{"body": "after-failover", "queue_id": sent["queue_id"]}]}, timeout=3)[1]),
+        15, "a send stored by the new master")
+    assert after["results"][0]["status"] in ("SEND_OK", "SLAVE_NOT_AVAILABLE"), after   # its slave is dead
+    path = f"/topics/TopicTest/queues/{sent['queue_id']}/messages?offset=0&max=32"
+    lc.wait_for(lambda: [m["body"] for m in lc.http(slave, "GET", path)[1]["messages"]]
+                == ["before-failover", "after-failover"], 10, "both messages on the new master")
+    assert cli_json("getSyncStateSet", "-a", ctl, "-b", "broker-a")["master_addr"] == slave
