@@ -692,6 +692,9 @@ class DLedgerLog:
         core = self._held_core()
         return _ROLE_NAMES[core.role if core is not None else self._role]
 
+    def members(self) -> dict[str, str]:
+        return dict(self.peer_api_addrs)
+
     def leader(self) -> str | None:
         core = self._held_core()
         leader_id = core.leader_id if core is not None else self._leader_id

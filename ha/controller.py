@@ -382,12 +382,16 @@ def route_of(state: Mapping[str, Any], topic: str) -> dict | None:
             "queues": sorted(queues, key=lambda q: q["queue_id"])}
 
 
+def broker_addrs(g: Mapping[str, Any]) -> dict[str, str]:
+    """brokerId (as a string) -> API address of every broker the group has registered."""
+    return {b: i["addr"] for b, i in sorted(g["brokers"].items(), key=lambda kv: int(kv[0]))}
+
+
 def group_view(g: Mapping[str, Any]) -> dict:
     return {"broker_name": g["name"], "mode": g["mode"], "master_id": g["master_id"],
             "master_addr": g["master_addr"], "master_ha_addr": g.get("master_ha_addr"),
             "master_epoch": g["master_epoch"], "sync_state_set": list(g["sss"]), "sss_epoch": g["sss_epoch"],
-            "leader_term": g.get("leader_term", 0),
-            "broker_addrs": {b: i["addr"] for b, i in sorted(g["brokers"].items(), key=lambda kv: int(kv[0]))}}
+            "leader_term": g.get("leader_term", 0), "broker_addrs": broker_addrs(g)}
 
 
 # ===================================================================================
@@ -458,7 +462,7 @@ def heartbeat_reply(state: Mapping[str, Any], group: str, broker_id: int) -> dic
     return {"role": role_of(g, broker_id).value, "master_id": g["master_id"], "master_addr": g["master_addr"],
             "master_ha_addr": g.get("master_ha_addr"), "epoch": g["master_epoch"],
             "sync_state_set": list(g["sss"]), "sss_session": session, "sss_seq": seq,
-            "brokers": sorted(int(b) for b in g["brokers"]), "topics": topics}
+            "brokers": sorted(int(b) for b in g["brokers"]), "broker_addrs": broker_addrs(g), "topics": topics}
 
 
 # ===================================================================================

@@ -50,6 +50,7 @@ SLAVE_DISPATCH_LINGER_S = 0.001       # a slave dispatches what 1 ms of pushes b
 _MAX_RECORDS_PER_ADVANCE = 100_000      # boundary tracking work per call; the rest waits for the next batch
 _TRUNCATE_SCAN_BYTES = 4 * 1024 * 1024  # chunk when reading a tail about to be truncated
 _ADVANCE_CHUNK_BYTES = 1024 * 1024      # slave: bytes read per pread when walking received records
+MAX_GROUP_BROKERS = 64                  # brokers of the group kept from the controller's list (members())
 _H = L.MESSAGE_FIELD_OFFSET
 _TX_SKIPPED = (L.SYSFLAG_TRANSACTION_PREPARED_TYPE, L.SYSFLAG_TRANSACTION_ROLLBACK_TYPE)
 
@@ -112,6 +113,7 @@ class HALog:
         self._accepting = False
         self.epoch = 0                          # master epoch we last acted on (controller mode)
         self._master_api = config.master_api_address
+        self._group_apis: dict[int, str] = {}   # controller mode: brokerId -> API address, as the controller knows them
         self.service: HAService | None = None
         self.client: HAClient | None = None
         self._boundary = 0                      # slave: end of the last complete record received
@@ -187,6 +189,10 @@ class HALog:
 
     def leader(self) -> str | None:
         return (self.cfg.self_api_address or None) if self._role == MASTER else self._master_api
+
+    def members(self) -> dict[str, str]:
+        """The group's brokers as the controller last listed them (nothing without a controller)."""
+        return {f"{self.cfg.group}-{b}": a for b, a in sorted(self._group_apis.items())}
 
     def status(self) -> dict:
         st = dict(self.local.status())
@@ -689,6 +695,10 @@ class HALog:
         self._check_lease_against(reply.get("heartbeat_timeout_ms"))
         if epoch < self.epoch:
             return   # a lagging controller's stale answer
+        addrs = reply.get("broker_addrs")
+        if isinstance(addrs, dict):
+            self._group_apis = {int(b): a for b, a in list(addrs.items())[:MAX_GROUP_BROKERS]
+                                if str(b).isdigit() and isinstance(a, str) and a}
         master_id = reply.get("master_id")
         if master_id is None:
             return   # nobody is master yet: keep what we are (a master stays one until replaced)

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from node.broker import Broker, OutgoingMessage, PullResult
 from node import auth, dashboard, limits
-from node.config import parse_dleger_peers, to_properties
+from node.config import to_properties
 from node.metrics import node_registry
 from node.client_api import CLIENT_ROUTES
 from node.openapi import openapi_document
@@ -242,7 +242,7 @@ async def cluster(request: web.Request) -> web.Response:
 async def cluster_nodes(request: web.Request) -> web.Response:
     """Every member of this node's group (dLegerPeerApis) with its /cluster document."""
     b = broker_of(request)
-    peers = parse_dleger_peers(b.config.dleger_peer_apis, "dLegerPeerApis") if b.config.dleger_peer_apis else {}
+    peers = b.log.members()
     peers.setdefault(b.config.node_id, b.config.api_address)
     nodes = await dashboard.gather_nodes(peers, lambda: cluster_doc(b), b.config.node_id,
                                          request.app[dashboard.PEER_CLIENT_KEY])

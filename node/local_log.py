@@ -161,6 +161,9 @@ class LocalLog:
     def leader(self) -> str | None:
         return None
 
+    def members(self) -> dict[str, str]:
+        return {}
+
     def status(self) -> dict:
         return {
             "mode": self.mode, "role": self.role(), "flush_disk_type": self.config.flush_disk_type,

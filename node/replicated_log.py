@@ -77,6 +77,10 @@ class ReplicatedLog(Protocol):
     def leader(self) -> str | None:
         """API address of the node that accepts writes, if known."""
 
+    def members(self) -> dict[str, str]:
+        """Node id -> API address of the members of this node's group known here (it may leave
+        itself out): /cluster/nodes, mqadmin clusterList and the dashboard list them."""
+
     def status(self) -> dict:
         """Mode-specific facts for /health and /cluster (term, indexes, HA offsets, ...)."""
 

@@ -3,7 +3,8 @@
 Method: the real command (`python -m mqstore.cli cluster up --mode classic --detach`) on free
 loopback ports. The master it prints is n0 (started first) and the controllers' master; once
 it returns the slave is in the SyncStateSet, and the commands it prints work
-(updateTopic, send, pull, haStatus with the slave in sync, getSyncStateSet with both brokers);
+(updateTopic, send, pull, haStatus with the slave in sync, getSyncStateSet with both brokers,
+clusterList with both brokers from either);
 a kill -9 of the master makes the controllers elect the slave, which stores a send, and the
 message sent before the kill is on it; `cluster down` ends exactly the five processes it
 started.
@@ -71,6 +72,11 @@ def test_classic_cluster_up_prints_working_commands_and_fails_over(classic_clust
     assert ha["master"] and [(c["broker_id"], c["in_sync"]) for c in ha["ha_connection_info"]] == [(1, True)], ha
     sss = cli_json("getSyncStateSet", "-a", ctl, "-b", "broker-a")
     assert sorted(sss["sync_state_set"]) == [0, 1] and sss["master_addr"] == master, sss
+    for ep in (master, slave):                     # either broker lists the group (mqadmin clusterList)
+        nodes = lc.wait_for(lambda: (lambda d: d["nodes"] if len(d["nodes"]) == 2 else None)(
+            cli_json("clusterList", "-n", ep)), 10, f"both brokers listed by {ep}")
+        assert [(n["api"], n["reachable"], n["cluster"]["role"]) for n in nodes] == [
+            (master, True, "MASTER"), (slave, True, "SLAVE")], nodes
 
     os.kill(state["pids"][3], signal.SIGKILL)                # controllers c0-c2, then n0, n1
     lc.wait_for(lambda: (lc.health(slave) or {}).get("role") == "MASTER", 20, f"{slave} elected master")

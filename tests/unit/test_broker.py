@@ -55,6 +55,9 @@ class MemLog:
     def leader(self):
         return None
 
+    def members(self):
+        return {}
+
     def status(self):
         return {"committed_position": len(self.buf)}
 

@@ -200,6 +200,7 @@ def test_the_reply_names_the_report_the_set_reflects_and_the_group_s_brokers():
     apply_op(s, {"op": "alter_sss", "group": "g", "epoch": 1, "sss": [0, 1], "sss_epoch": 2, "session": 3, "seq": 4})
     r = heartbeat_reply(s, "g", 0)
     assert (r["sync_state_set"], r["sss_session"], r["sss_seq"], r["brokers"]) == ([0, 1], 3, 4, [0, 1])
+    assert r["broker_addrs"] == {"0": "a:1", "1": "b:1"}      # a broker lists its group (clusterList)
 
 
 # --- replicated ops ----------------------------------------------------------------------------
