@@ -16,7 +16,8 @@ pysyncobj port on that + 2.
 `--secure` (docs/security.md) writes `acl.json` (one admin account, random secret key) and
 `cluster.secret` (random) into the cluster directory, both mode 600, and starts the nodes
 with `aclEnable=true` and `clusterSecretFile`: every API request but /health and /metrics is
-signed, and the Raft peers prove the secret before any frame. The keys are printed.
+signed, and the Raft and HA peers prove the secret before any frame; classic controllers get
+`--cluster-secret-file`. The keys are printed.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int 
                              f"{HEALTH_TIMEOUT_S:.0f} s; see {s.log_path}") from None
 
     for c, argv in zip(ctls, controller_argvs(ctls)):
-        launch(argv, c.log_path, c.ctl_id)
+        launch(argv + (["--cluster-secret-file", os.path.join(directory, SECRET_FILE)] if secure else []),
+               c.log_path, c.ctl_id)
     for c in ctls:
         healthy(c)
     for i, s in enumerate(specs):
@@ -189,12 +191,18 @@ def wait_for_leader(specs: list[NodeSpec], timeout_s: float = 15.0) -> str | Non
 
 
 def wait_in_sync(directory: str, base_port: int, brokers: int, group: str = "broker-a",
-                 timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
+                 timeout_s: float = HEALTH_TIMEOUT_S, secret_file: str | None = None) -> bool:
     """Classic: until the controllers' SyncStateSet holds every broker (a send then answers
-    SEND_OK, not SLAVE_NOT_AVAILABLE while a slave is still connecting)."""
+    SEND_OK, not SLAVE_NOT_AVAILABLE while a slave is still connecting). With `secret_file`,
+    each request is signed with the cluster secret, as the admin CLI's controller verbs are."""
+    from node.peer_auth import load_secret, sign_request
+    secret = load_secret(secret_file=secret_file) if secret_file else None
+    path = f"/groups/{group}/sync-state-set"
+
     def in_sync() -> bool:
         for c in plan_controllers(directory, base_port):
-            doc = lc.get_ok(c.api, f"/groups/{group}/sync-state-set")
+            signed = sign_request(secret, "mqstore-cluster", "GET", path) if secret is not None else None
+            doc = lc.get_ok(c.api, path, headers=signed)
             if doc is not None:
                 return sorted(doc.get("sync_state_set", [])) == list(range(brokers))
         return False
@@ -264,8 +272,14 @@ Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with 
 
 
 def classic_usage_text(specs: list[NodeSpec], master: str | None, directory: str, base_port: int,
-                       group: str = "broker-a") -> str:
+                       keys: tuple[str, str] | None = None, group: str = "broker-a") -> str:
     ep = master or specs[0].api
+    secure = "" if keys is None else f"""
+Secure: brokers check the ACL (every request but /health and /metrics is signed), and brokers,
+controllers and the admin CLI's controller verbs prove the cluster secret. For the commands below:
+  export MQSTORE_ACCESS_KEY={keys[0]} MQSTORE_SECRET_KEY={keys[1]}
+  export MQSTORE_CLUSTER_SECRET_FILE={os.path.join(directory, SECRET_FILE)}
+"""
     ctls = plan_controllers(directory, base_port)
     brokers = "\n".join(f"  {s.node_id}  http://{s.api}   brokerId={i}, HA port {s.api_port + 1}"
                          f"{'   MASTER' if s.api == master else ''}   (log {s.log_path})"
@@ -276,7 +290,7 @@ def classic_usage_text(specs: list[NodeSpec], master: str | None, directory: str
 {brokers}
 Controllers (routes, and the master, epoch and SyncStateSet of the group):
 {controllers}
-
+{secure}
 Try it:
   .venv/bin/mqstore updateTopic -n {ep} -t TopicTest -w 4
   .venv/bin/mqstore send -n {ep} -t TopicTest -b hello --tags TagA --keys order-1
@@ -295,23 +309,22 @@ Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with 
 
 
 def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool, secure: bool = False) -> int:
-    if mode == "classic" and secure:
-        raise SystemExit("--secure is built for the dledger and standalone modes, not classic")
     keys = None
+    directory = os.path.abspath(directory)
     if secure:
-        directory = os.path.abspath(directory)
         if os.path.exists(os.path.join(directory, STATE_FILE)):
             raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
         keys = write_security(directory)
     specs = start(directory, mode, nodes, base_port, secure=secure)
     leader = wait_for_leader(specs)
-    if keys:
-        text = secure_usage_text(specs, leader, directory, keys)
-    elif mode == "classic":
-        text = classic_usage_text(specs, leader, os.path.abspath(directory), base_port)
-        if not wait_in_sync(os.path.abspath(directory), base_port, len(specs)):
+    if mode == "classic":
+        text = classic_usage_text(specs, leader, directory, base_port, keys)
+        if not wait_in_sync(directory, base_port, len(specs), secret_file=os.path.join(directory, SECRET_FILE)
+                            if secure else None):
             text += ("\nNot every slave is in the SyncStateSet yet: until it is, sends answer "
                      "SLAVE_NOT_AVAILABLE (stored on the master only).\n")
+    elif keys:
+        text = secure_usage_text(specs, leader, directory, keys)
     else:
         text = usage_text(specs, leader, directory)
     print(text, flush=True)

@@ -114,7 +114,8 @@ def addr_of(where: int | str) -> str:
 
 
 # --- HTTP ----------------------------------------------------------------------------------------
-def request(method: str, url: str, doc=None, timeout: float = 10.0, fmt: str = "json") -> tuple[int, dict]:
+def request(method: str, url: str, doc=None, timeout: float = 10.0, fmt: str = "json",
+            headers: Mapping[str, str] | None = None) -> tuple[int, dict]:
     """(status, document) for one request; `fmt` is "json" or "msgpack" for both directions.
 
     An HTTP error status is returned, not raised; a body that does not decode becomes
@@ -126,7 +127,8 @@ def request(method: str, url: str, doc=None, timeout: float = 10.0, fmt: str = "
     data = None
     if doc is not None:
         data = json.dumps(doc).encode() if fmt == "json" else _msgpack().packb(doc, use_bin_type=True)
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": ctype, "Accept": ctype})
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": ctype, "Accept": ctype, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, _decode(r.read(), r.headers.get("Content-Type", ""))
@@ -135,15 +137,15 @@ def request(method: str, url: str, doc=None, timeout: float = 10.0, fmt: str = "
 
 
 def http(where: int | str, method: str, path: str, doc=None, timeout: float = 10.0,
-         fmt: str = "json") -> tuple[int, dict]:
+         fmt: str = "json", headers: Mapping[str, str] | None = None) -> tuple[int, dict]:
     """`request` against a node given by port or `host:port`, with a path."""
-    return request(method, f"http://{addr_of(where)}{path}", doc, timeout, fmt)
+    return request(method, f"http://{addr_of(where)}{path}", doc, timeout, fmt, headers)
 
 
-def get_ok(where: int | str, path: str, timeout: float = 1.0) -> dict | None:
+def get_ok(where: int | str, path: str, timeout: float = 1.0, headers: Mapping[str, str] | None = None) -> dict | None:
     """The document of a 200 answer, or None (any other status, no answer, bad body)."""
     try:
-        status, doc = http(where, "GET", path, timeout=timeout)
+        status, doc = http(where, "GET", path, timeout=timeout, headers=headers)
     except (OSError, ValueError):
         return None
     return doc if status == 200 else None

@@ -7,7 +7,8 @@ it returns the slave is in the SyncStateSet, and the commands it prints work
 clusterList with both brokers from either);
 a kill -9 of the master makes the controllers elect the slave, which stores a send, and the
 message sent before the kill is on it; `cluster down` ends exactly the five processes it
-started.
+started. With --secure the brokers check the ACL and the controllers the cluster secret, and
+the exports it prints are what the CLI needs.
 """
 
 from __future__ import annotations
@@ -34,11 +35,16 @@ def classic_ports(base: int) -> list[int]:
     return [base + 10 * i + d for i in range(2) for d in (-2, 0, 1)] + [p for c in ctls for p in (c.api_port, c.raft_port)]
 
 
+def cluster_up(d: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mqstore.cli", "cluster", "up", "--mode", "classic", "--detach",
+                           "--dir", d, "--base-port", str(lc.free_base_port(classic_ports)), *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
 @pytest.fixture
 def classic_cluster(tmp_path):
     d = str(tmp_path / "c")
-    r = subprocess.run([sys.executable, "-m", "mqstore.cli", "cluster", "up", "--mode", "classic", "--detach",
-                        "--dir", d, "--base-port", str(lc.free_base_port(classic_ports))], capture_output=True, text=True, timeout=120)
+    r = cluster_up(d)
     try:
         assert r.returncode == 0, r.stdout + r.stderr
         yield d, r.stdout
@@ -89,3 +95,38 @@ def test_classic_cluster_up_prints_working_commands_and_fails_over(classic_clust
     lc.wait_for(lambda: [m["body"] for m in lc.http(slave, "GET", path)[1]["messages"]]
                 == ["before-failover", "after-failover"], 10, "both messages on the new master")
     assert cli_json("getSyncStateSet", "-a", ctl, "-b", "broker-a")["master_addr"] == slave
+
+
+def test_secure_classic_cluster_signs_everything_and_prints_what_it_takes(tmp_path, monkeypatch):
+    """--secure: the brokers check the ACL and the controllers the cluster secret; the printed
+    exports are what the CLI needs, unsigned requests are refused, and the controllers'
+    SyncStateSet is complete when the command returns (it asked them, signed)."""
+    d = str(tmp_path / "s")
+    r = cluster_up(d, "--secure")
+    try:
+        assert r.returncode == 0, r.stdout + r.stderr
+        out = r.stdout
+        keys = re.search(r"export MQSTORE_ACCESS_KEY=(\S+) MQSTORE_SECRET_KEY=(\S+)", out)
+        secret_file = re.search(r"export MQSTORE_CLUSTER_SECRET_FILE=(\S+)", out).group(1)
+        assert keys and secret_file == os.path.join(d, mc.SECRET_FILE) and "Not every slave" not in out, out
+        state = json.load(open(os.path.join(d, mc.STATE_FILE)))
+        master, ctl = state["apis"][0], ";".join(state["controllers"])
+        st, err = lc.http(master, "POST", "/topics", {"topic": "Sneaky", "queues": 1})
+        assert st == 401 and err["error"] == "UNAUTHENTICATED", err
+        st, err = lc.http(state["controllers"][0], "GET", "/groups/broker-a/sync-state-set")
+        assert st == 401, err
+        monkeypatch.setenv("MQSTORE_ACCESS_KEY", keys.group(1))
+        monkeypatch.setenv("MQSTORE_SECRET_KEY", keys.group(2))
+        monkeypatch.setenv("MQSTORE_CLUSTER_SECRET_FILE", secret_file)
+        cli_json("updateTopic", "-n", master, "-t", "TopicTest", "-w", "1")
+        assert cli_json("send", "-n", master, "-t", "TopicTest", "-b", "signed")["results"][0]["status"] == "SEND_OK"
+        assert sorted(cli_json("getSyncStateSet", "-a", ctl, "-b", "broker-a")["sync_state_set"]) == [0, 1]
+        assert [n["reachable"] for n in cli_json("clusterList", "-n", master)["nodes"]] == [True, True]
+        cli_json("electMaster", "-a", ctl, "-b", "broker-a", "-i", "1")
+        lc.wait_for(lambda: (lc.health(state["apis"][1]) or {}).get("role") == "MASTER", 15, "broker 1 master")
+        for i in range(2):
+            log = open(os.path.join(d, f"n{i}", "node.log")).read() + open(os.path.join(d, f"c{i}", "controller.log")).read()
+            assert "without a cluster secret" not in log
+    finally:
+        stopped = mc.stop(d)
+        assert r.returncode != 0 or len(stopped) == 5
