@@ -240,7 +240,8 @@ async def cluster(request: web.Request) -> web.Response:
 
 
 async def cluster_nodes(request: web.Request) -> web.Response:
-    """Every member of this node's group (dLegerPeerApis) with its /cluster document."""
+    """Every member of this node's group (ReplicatedLog.members: the DLedger peers' APIs, or the
+    brokers the controller lists for a classic group) with its /cluster document."""
     b = broker_of(request)
     peers = b.log.members()
     peers.setdefault(b.config.node_id, b.config.api_address)
