@@ -18,14 +18,13 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from mqstore import cli
 from mqstore import cluster as mc
 from mqstore import localcluster as lc
+from tests.integration.cluster_cli import cluster_up
 
 
 def classic_ports(base: int) -> list[int]:
@@ -35,22 +34,11 @@ def classic_ports(base: int) -> list[int]:
     return [base + 10 * i + d for i in range(2) for d in (-2, 0, 1)] + [p for c in ctls for p in (c.api_port, c.raft_port)]
 
 
-def cluster_up(d: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mqstore.cli", "cluster", "up", "--mode", "classic", "--detach",
-                           "--dir", d, "--base-port", str(lc.free_base_port(classic_ports)), *extra],
-                          capture_output=True, text=True, timeout=120)
-
-
 @pytest.fixture
 def classic_cluster(tmp_path):
     d = str(tmp_path / "c")
-    r = cluster_up(d)
-    try:
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield d, r.stdout
-    finally:
-        stopped = mc.stop(d)
-        assert r.returncode != 0 or len(stopped) == 5
+    with cluster_up(d, classic_ports, 5, "--mode", "classic") as out:
+        yield d, out
 
 
 def cli_json(*argv: str) -> dict:
@@ -102,10 +90,7 @@ def test_secure_classic_cluster_signs_everything_and_prints_what_it_takes(tmp_pa
     exports are what the CLI needs, unsigned requests are refused, and the controllers'
     SyncStateSet is complete when the command returns (it asked them, signed)."""
     d = str(tmp_path / "s")
-    r = cluster_up(d, "--secure")
-    try:
-        assert r.returncode == 0, r.stdout + r.stderr
-        out = r.stdout
+    with cluster_up(d, classic_ports, 5, "--mode", "classic", "--secure") as out:
         keys = re.search(r"export MQSTORE_ACCESS_KEY=(\S+) MQSTORE_SECRET_KEY=(\S+)", out)
         secret_file = re.search(r"export MQSTORE_CLUSTER_SECRET_FILE=(\S+)", out).group(1)
         assert keys and secret_file == os.path.join(d, mc.SECRET_FILE) and "Not every slave" not in out, out
@@ -127,6 +112,3 @@ def test_secure_classic_cluster_signs_everything_and_prints_what_it_takes(tmp_pa
         for i in range(2):
             log = open(os.path.join(d, f"n{i}", "node.log")).read() + open(os.path.join(d, f"c{i}", "controller.log")).read()
             assert "without a cluster secret" not in log
-    finally:
-        stopped = mc.stop(d)
-        assert r.returncode != 0 or len(stopped) == 5

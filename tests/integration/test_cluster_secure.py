@@ -15,8 +15,6 @@ import json
 import os
 import re
 import stat
-import subprocess
-import sys
 import time
 
 import pytest
@@ -25,6 +23,7 @@ from mqstore import cli
 from mqstore import cluster as mc
 from mqstore import localcluster as lc
 from node.acl import sign_headers
+from tests.integration.cluster_cli import cluster_up
 
 
 def secure_ports(base: int) -> list[int]:
@@ -52,15 +51,8 @@ def signed(method: str, url: str, keys: tuple[str, str], doc=None) -> tuple[int,
 @pytest.fixture
 def secure_cluster(tmp_path):
     d = str(tmp_path / "c")
-    base = lc.free_base_port(secure_ports)
-    r = subprocess.run([sys.executable, "-m", "mqstore.cli", "cluster", "up", "--secure", "--detach",
-                        "--dir", d, "--base-port", str(base)], capture_output=True, text=True, timeout=120)
-    try:
-        assert r.returncode == 0, r.stdout + r.stderr
-        yield d, r.stdout
-    finally:
-        stopped = mc.stop(d)
-        assert r.returncode != 0 or len(stopped) == 3
+    with cluster_up(d, secure_ports, 3, "--secure") as out:
+        yield d, out
 
 
 def test_secure_cluster_prints_working_keys_and_refuses_unsigned(secure_cluster, monkeypatch):
