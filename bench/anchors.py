@@ -7,6 +7,11 @@ anchor measured in the same run on the same machine:
                                 ``os.write`` of 1 KiB-message-sized records), and how fast
                                 the page cache takes new data into memory freed just before
                                 and freed seconds before (see ``_page_cache_writes``).
+* ``loopback_anchor()``      -- one 1 KiB message back and forth between two processes over
+                                loopback TCP: round trip, send and CPU per round trip. Every
+                                replicated figure pays these hops; the kernel's cost for them
+                                moved by 40 % within one session on the VM these benchmarks
+                                were tuned on, so each run records what it met.
 * ``nats_anchor(R, mode)``   -- NATS JetStream R1/R3 on loopback, 1 KiB payloads, async
                                 (pipelined acks) or sync (one publish at a time).
 * ``pysyncobj_anchor()``     -- 3 PySyncObj processes replicating a counter.
@@ -18,7 +23,8 @@ stops and removes everything it started in a ``finally`` (terminate, then kill a
 Only PIDs started here are ever signalled.
 
 This module is also the entry point of the PySyncObj node processes:
-``python -m bench.anchors pysyncobj-node --self HOST:PORT --peers HOST:PORT,HOST:PORT``.
+``python -m bench.anchors pysyncobj-node --self HOST:PORT --peers HOST:PORT,HOST:PORT``,
+and of the loopback anchor's echo process: ``python -m bench.anchors loopback-echo --port P``.
 """
 
 from __future__ import annotations
@@ -237,6 +243,67 @@ def disk_anchors(
         "raw_write_mb_s": raw["mb_per_s"],
         "raw_write_msgs": raw["msgs"],
     }
+
+
+# ---------------------------------------------------------------------------------------------
+# loopback
+
+
+def _loopback_echo_main(argv: Sequence[str]) -> int:
+    """The echo side (child process): connect to the anchor's port, send back what arrives, end
+    at EOF."""
+    port = int(argv[list(argv).index("--port") + 1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10.0) as c:
+        c.settimeout(None)
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while data := c.recv(1 << 16):
+            c.sendall(data)
+    return 0
+
+
+def loopback_anchor(seconds: float = 2.0, max_round_trips: int = 20_000,
+                    payload_bytes: int = MSG_BODY_BYTES) -> dict:
+    """`payload_bytes` sent to an echo process and read back, one round trip at a time, over
+    loopback TCP with TCP_NODELAY (as the nodes' links): round-trip p50/p99, the send call's
+    p50 (on loopback the kernel delivers to the receiver inside it) and this side's CPU per
+    round trip."""
+    work = Path(tempfile.mkdtemp(prefix="mqbench-loopback-"))
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.settimeout(10.0)
+    proc = _start([sys.executable, "-m", "bench.anchors", "loopback-echo", "--port", str(srv.getsockname()[1])],
+                  work / "echo.log", cwd=REPO_ROOT)
+    rtts: list[float] = []
+    sends: list[float] = []
+    try:
+        conn, _ = srv.accept()
+        with conn:
+            conn.settimeout(10.0)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            msg = b"x" * payload_bytes
+            cpu0, deadline = time.process_time(), time.monotonic() + seconds
+            while len(rtts) < max_round_trips and time.monotonic() < deadline:
+                t0 = time.perf_counter()
+                conn.sendall(msg)
+                t1 = time.perf_counter()
+                got = 0
+                while got < payload_bytes:
+                    data = conn.recv(1 << 16)
+                    if not data:
+                        raise RuntimeError(f"the echo process closed: {_tail(work / 'echo.log')}")
+                    got += len(data)
+                rtts.append(time.perf_counter() - t0)
+                sends.append(t1 - t0)
+            cpu = time.process_time() - cpu0
+    finally:
+        srv.close()
+        _stop([proc])
+        shutil.rmtree(work, ignore_errors=True)
+    rtts.sort()
+    sends.sort()
+    us = lambda xs, q: round((_percentile_ms(xs, q) or 0.0) * 1000.0, 1)   # noqa: E731
+    return {"round_trips": len(rtts), "payload_bytes": payload_bytes, "rtt_p50_us": us(rtts, 0.5),
+            "rtt_p99_us": us(rtts, 0.99), "send_p50_us": us(sends, 0.5),
+            "cpu_us_per_round_trip": round(cpu / len(rtts) * 1e6, 1) if rtts else None}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -622,7 +689,7 @@ def pysyncobj_anchor(seconds: float = 5.0, max_ops: int = 200_000,
 # ---------------------------------------------------------------------------------------------
 # all anchors
 
-ANCHOR_NAMES = ("disk", "nats_r1_async", "nats_r1_sync", "nats_r3_async", "nats_r3_sync",
+ANCHOR_NAMES = ("disk", "loopback", "nats_r1_async", "nats_r1_sync", "nats_r3_async", "nats_r3_sync",
                 "pysyncobj")
 
 
@@ -638,6 +705,7 @@ def _anchor_plan(quick: bool, dir: str) -> dict:
         "disk": lambda: disk_anchors(dir, size_mib=64 if quick else 256,
                                      fsync_seconds=1.0 if quick else 2.0,
                                      write_seconds=1.0 if quick else 2.0),
+        "loopback": lambda: loopback_anchor(seconds=1.0 if quick else 2.0),
         "nats_r1_async": nats(1, "async"),
         "nats_r1_sync": nats(1, "sync"),
         "nats_r3_async": nats(3, "async"),
@@ -677,6 +745,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["pysyncobj-node"]:
         return _pysyncobj_node_main(argv[1:])
+    if argv[:1] == ["loopback-echo"]:
+        return _loopback_echo_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m bench.anchors")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=None, help="comma-separated anchor names")

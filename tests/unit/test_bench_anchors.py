@@ -18,6 +18,13 @@ def test_disk_anchors_tiny_returns_positive_numbers(tmp_path):
     assert list(tmp_path.iterdir()) == []  # its temp dir is removed
 
 
+def test_loopback_anchor_measures_round_trips_and_leaves_nothing_behind():
+    result = anchors.loopback_anchor(seconds=0.3, max_round_trips=200)
+    assert 0 < result["round_trips"] <= 200 and result["payload_bytes"] == 1024
+    assert 0 < result["send_p50_us"] <= result["rtt_p50_us"] <= result["rtt_p99_us"]
+    assert result["cpu_us_per_round_trip"] > 0
+
+
 def test_nats_three_node_cluster_config():
     configs = anchors.nats_cluster_configs("/tmp/x", [4001, 4002, 4003], [6001, 6002, 6003],
                                            cluster_name="c1")
