@@ -86,6 +86,8 @@ class RouteTable:
             doc = await self.transport.call(g, "GET", "/health", timeout_s=NAME_LOOKUP_TIMEOUT_S)
         except MQClientError:
             return
+        if not self._unnamed:     # named by another lookup while this one waited
+            return
         self._unnamed = False
         name = doc.get("group")
         if isinstance(name, str) and name and name != DEFAULT_GROUP:

@@ -21,6 +21,8 @@ import pytest
 from mqstore import (Admin, AsyncAdmin, AsyncConsumer, AsyncProducer, AsyncPullConsumer, AsyncTransactionProducer,
                      ConsumeStatus, Consumer, LocalTransactionState, Message, MessageQueue, MQBrokerError, Producer,
                      PullConsumer, PullStatus, SendStatus, TransactionProducer)
+from mqstore.client.route import RouteTable
+from mqstore.client.transport import Transport
 from tests.client.conftest import eventually, run
 
 
@@ -484,4 +486,12 @@ def test_regression_a_bare_address_list_takes_the_group_name_its_node_reports(no
             pulled = [m for mq in queues for m in (await pc.pull(mq, 0, 32)).messages]
             assert sorted(m.body for m in pulled) == [b"alias", b"named"]
             assert {m.broker_name for m in pulled} == {real}
+        t = Transport(5.0)
+        await t.start()
+        try:
+            routes = RouteTable(t, brokers=[node.addr])
+            await asyncio.gather(routes.learn_name(), routes.learn_name())   # two lookups at once: one rename
+            assert list(routes.groups) == [real] and routes.aliases == {"broker": real}
+        finally:
+            await t.close()
     run(go())
