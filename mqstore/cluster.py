@@ -59,6 +59,11 @@ class NodeSpec:
         """The produce stream, at RocketMQ's fast-channel port (listenPort - 2)."""
         return self.api_port - 2
 
+    @property
+    def ha_port(self) -> int:
+        """Classic HA, at RocketMQ's haListenPort (listenPort + 1)."""
+        return self.api_port + 1
+
 
 @dataclass(frozen=True)
 class ControllerSpec:
@@ -120,7 +125,8 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
                       os.path.join(directory, f"n{i}", "node.log")) for i in range(nodes)]
     raft = {s.node_id: s.raft_port for s in specs}
     api = {s.node_id: s.api_port for s in specs}
-    for s in specs:
+    ctl = ";".join(c.api for c in plan_controllers(directory, base_port))
+    for broker_id, s in enumerate(specs):
         lines = [
             "brokerClusterName=DefaultCluster",
             f"brokerName={group}",
@@ -135,8 +141,7 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
         if mode == "dledger":
             lines += ["brokerId=0", *lc.dledger_lines(s.node_id, group, raft, api)]
         elif mode == "classic":    # the role a broker takes when the controllers elect it master
-            ctl = ";".join(c.api for c in plan_controllers(directory, base_port))
-            lines += lc.classic_lines(specs.index(s), "SYNC_MASTER", s.api_port + 1, ctl)
+            lines += lc.classic_lines(broker_id, "SYNC_MASTER", s.ha_port, ctl)
         else:
             lines.append("brokerId=0")
         if secure:
@@ -281,7 +286,7 @@ controllers and the admin CLI's controller verbs prove the cluster secret. For t
   export MQSTORE_CLUSTER_SECRET_FILE={os.path.join(directory, SECRET_FILE)}
 """
     ctls = plan_controllers(directory, base_port)
-    brokers = "\n".join(f"  {s.node_id}  http://{s.api}   brokerId={i}, HA port {s.api_port + 1}"
+    brokers = "\n".join(f"  {s.node_id}  http://{s.api}   brokerId={i}, HA port {s.ha_port}"
                          f"{'   MASTER' if s.api == master else ''}   (log {s.log_path})"
                          for i, s in enumerate(specs))
     controllers = "\n".join(f"  {c.ctl_id}  http://{c.api}   (log {c.log_path})" for c in ctls)
