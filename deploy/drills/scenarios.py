@@ -159,6 +159,9 @@ def _fault_window(events: list) -> tuple[float | None, float | None]:
     return start, end
 
 
+NO_DISK_FULL_REFUSAL = "no send failed with a disk-full message"
+
+
 def _disk_full_checks(events: list, st: dict) -> list:
     """Writes during the fault fail with a clear disk-full error; acks resume after the heal.
     The fault counts from the start of the fill: sends are refused once the disk passes the
@@ -173,7 +176,7 @@ def _disk_full_checks(events: list, st: dict) -> list:
     st["disk_full_errors"] = len(disk)
     st["fault_fail_errors"] = sorted({e.get("error", "?") for e in fails})
     if not disk:
-        problems.append(f"no send failed with a disk-full message while the disk was full "
+        problems.append(f"{NO_DISK_FULL_REFUSAL} while the disk was full "
                         f"({len(fails)} failures: {st['fault_fail_errors']})")
     if not any(e.get("type") == "ack" and e["t"] > end for e in events):
         problems.append("no ack after the space came back")
@@ -182,14 +185,32 @@ def _disk_full_checks(events: list, st: dict) -> list:
 
 def _disk_full_leader_checks(events: list, st: dict) -> list:
     """`_disk_full_checks`, and writes continue during the fault: the full leader handed
-    leadership to a node with room."""
+    leadership to a node with room.
+
+    The full leader may hand over before any send reaches it while full: it then answers
+    NOT_LEADER, as any follower does, and never a disk-full error. That handover is the disk
+    guard at work (DLedgerLog hands a full leader's role to a peer), so it is accepted in place
+    of a disk-full refusal when every send the victim refused in the fault was NOT_LEADER and
+    another node acked meanwhile."""
     problems = _disk_full_checks(events, st)
     start, end = _fault_window(events)
     if start is not None and end is not None:
         st["acks_while_full"] = sum(1 for e in events if e.get("type") == "ack" and start < e["t"] <= end)
         if not st["acks_while_full"]:
             problems.append("no ack while the leader's disk was full: leadership did not move to a node with room")
+        elif st.get("disk_full_errors") == 0 and _victim_only_redirected(events, st, start, end):
+            st["handed_over_before_any_send"] = True
+            problems = [p for p in problems if not p.startswith(NO_DISK_FULL_REFUSAL)]
     return problems
+
+
+def _victim_only_redirected(events: list, st: dict, start: float, end: float) -> bool:
+    """Every send to the victim that failed from the fill's start to the heal failed NOT_LEADER."""
+    node_of = {e["id"]: e.get("node") for e in events if e.get("type") == "send"}
+    start = min(start, st.get("fill_started_t", start))
+    victim_fails = [e for e in events if e.get("type") == "fail" and start <= e["t"] <= end
+                    and node_of.get(e.get("id")) == st.get("victim")]
+    return all(e.get("error") == "NOT_LEADER" for e in victim_fails)
 
 
 SCENARIOS = {s.name: s for s in [
