@@ -152,7 +152,8 @@ class _Scan:
 
 
 class EntryStore:
-    """One replica's Raft log on disk. Single-threaded: the shell owns it."""
+    """One replica's Raft log on disk. The shell owns it: its event loop makes every call but
+    flush() and checkpoint(), which may run on the shell's worker thread (see each)."""
 
     def __init__(self, fs: FileSystem, root: str, self_id: str,
                  data_segment_size: int = 1 << 30, index_segment_size: int = INDEX_SIZE * (1 << 22),
@@ -184,8 +185,13 @@ class EntryStore:
         self.base_app_state = b""   # the broker's state as of the base (b"": none)
         self.damaged: dict = {}     # index -> DamagedEntry found by recover() (dledger/repair.py)
         self._recovered = False
-        # Held by flush() (possibly on a flusher thread) and by everything that cuts or closes files.
+        # Held by flush() and checkpoint() (possibly on a flusher thread) and by everything that
+        # cuts or closes files.
         self.flush_lock = threading.Lock()
+        # Held across each meta write (a checkpoint may run on the flusher thread), and by
+        # set_hard_state across its change, write and revert: no write interleaves with another,
+        # and none encodes a term or vote that set_hard_state is about to take back.
+        self._meta_lock = threading.RLock()
 
     # --- RaftStorage ----------------------------------------------------------------
     def initial_state(self) -> HardState:
@@ -325,18 +331,19 @@ class EntryStore:
         """Persist term, vote and the catch-up mark atomically, on the reserve if need be. A
         full disk past it raises DiskFull with the previous hard state kept."""
         m = self.meta
-        before = (m.term, m.voted_for, m.needs_catchup_to)
-        m.term, m.voted_for, m.needs_catchup_to = hs.term, hs.voted_for, hs.needs_catchup_to
-        try:
-            # On a disk full to the last block the reserve is given up for it: a node must be
-            # able to store a term and vote to be elected (and then cut its log).
-            self._reserved(self._write_meta, f"{self.meta_path} (term {hs.term} and vote)")
-        except StoreFatal as e:
-            m.term, m.voted_for, m.needs_catchup_to = before
-            if not is_enospc(e):
-                raise
-            raise DiskFull(f"disk full writing {self.meta_path} (ENOSPC); term {hs.term} and vote "
-                           f"{hs.voted_for} not stored") from e.__cause__
+        with self._meta_lock:
+            before = (m.term, m.voted_for, m.needs_catchup_to)
+            m.term, m.voted_for, m.needs_catchup_to = hs.term, hs.voted_for, hs.needs_catchup_to
+            try:
+                # On a disk full to the last block the reserve is given up for it: a node must be
+                # able to store a term and vote to be elected (and then cut its log).
+                self._reserved(self._write_meta, f"{self.meta_path} (term {hs.term} and vote)")
+            except StoreFatal as e:
+                m.term, m.voted_for, m.needs_catchup_to = before
+                if not is_enospc(e):
+                    raise
+                raise DiskFull(f"disk full writing {self.meta_path} (ENOSPC); term {hs.term} and vote "
+                               f"{hs.voted_for} not stored") from e.__cause__
 
     def append(self, entries: Sequence[Entry]) -> list[int]:
         """Write entries after the last one (no fsync); return their positions.
@@ -433,18 +440,28 @@ class EntryStore:
             self._flushed_index = max(self._flushed_index, min(last, self._last_index))
             return self._flushed_index
 
-    def checkpoint(self, committed: int) -> None:
-        """Record the durable mark in meta (after a flush). Cheap enough every ~second.
+    def checkpoint(self, committed: int) -> bool:
+        """Record the durable mark in meta (after a flush); False if it had not moved. Two
+        fsyncs (file and directory), once a second or so.
 
         Only what is both committed and fsynced here counts, so a power loss of the
-        whole group can never leave every replica waiting to catch up."""
+        whole group can never leave every replica waiting to catch up.
+
+        Safe to call from the flusher thread while the event loop appends: it holds
+        `flush_lock`, so no truncation, reset or compaction moves the marks under it, and
+        each meta write holds the meta lock (see set_hard_state)."""
+        with self.flush_lock:
+            return self._checkpoint(committed)
+
+    def _checkpoint(self, committed: int) -> bool:
         mark = min(max(committed, self.meta.base_index), self._flushed_index)
         if mark <= self.meta.checkpoint_index and committed <= self.meta.committed:
-            return
+            return False
         self.meta.checkpoint_index = max(self.meta.checkpoint_index, mark)
         self.meta.committed = max(self.meta.committed, min(committed, self._flushed_index))
         try:
             self._write_meta()
+            return True
         except StoreFatal as e:
             if not is_enospc(e):
                 raise
@@ -453,6 +470,7 @@ class EntryStore:
             # cannot be written raises DiskFull: the shell holds its Ready.)
             log.warning("%s: durable mark not checkpointed: disk full (%s); the next meta write carries it",
                         self.dir, e.__cause__)
+            return False
 
     def truncate_from(self, index: int) -> None:
         """Durably drop every entry >= index (zeroed and fsynced before returning)."""
@@ -994,7 +1012,8 @@ class EntryStore:
 
     def _write_meta(self) -> None:
         try:
-            self.fs.write_atomic(self.meta_path, json.dumps(asdict(self.meta), sort_keys=True).encode())
+            with self._meta_lock:
+                self.fs.write_atomic(self.meta_path, json.dumps(asdict(self.meta), sort_keys=True).encode())
         except OSError as e:
             raise StoreFatal(f"writing {self.meta_path} failed: {e}") from e
 

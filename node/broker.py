@@ -319,6 +319,8 @@ class Broker:
         self.messages_in = 0                               # user messages acked (metrics)
         self.traffic = TrafficStats()                      # per-topic in/out counts (metrics, TPS)
         self.fatal: BaseException | None = None            # set when a background task dies
+        self.loop_watchdog = None                           # node/loop_watchdog.py, set by serve()
+        self._snapshot_lock = threading.Lock()              # one snapshot write at a time (a thread's, stop's)
         # Known corrupt ranges (node/store/scrub.py): the log's own registry when it has one (DLedger).
         registry = getattr(rlog, "corruption", None)
         self.corruption: CorruptionRegistry = registry if registry is not None else CorruptionRegistry()
@@ -444,7 +446,7 @@ class Broker:
         while True:
             await asyncio.sleep(interval)
             if self._offsets_dirty:
-                self._save_snapshots()
+                await self._save_snapshots_in_background()
 
     # --- snapshots and replay ----------------------------------------------------------------
     def _load_snapshots(self) -> None:
@@ -461,25 +463,41 @@ class Broker:
         (a start replays the system records past the mark), so on a full disk the write is left
         for later: a warning (at most one a minute), the snapshot still due, the node serving.
         Before, the ENOSPC ended the snapshot task and with it the node. False when not written."""
-        try:
-            self.topic_store.save({t: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
-                                       "perm": c.perm} for t, c in self.topics.items()})
-            table = {k: dict(v) for k, v in self.offsets.items()}
-            cq = self.cq_store.get(SYS_CONSUMER_OFFSET, SYSTEM_QUEUE)
-            # Everything below the system queue's end has been applied, so replay can start there.
-            table[REPLAY_MARK_KEY] = {SYSTEM_QUEUE: cq.max_offset if cq is not None else 0}
-            self.offset_store.save(table)
-        except OSError as e:
-            if not is_enospc(e):
-                raise
-            self._offsets_dirty = True
-            held = self._snapshot_warnings.due(time.monotonic())
-            if held is not None:
-                log.warning("disk full: topic and consumer-offset snapshots not written (%s); the log keeps them "
-                            "and the next snapshot tries again (%d such since the last warning)", e, held)
-            return False
+        return self._write_snapshots(*self._snapshot_docs())
+
+    async def _save_snapshots_in_background(self) -> bool:
+        """_save_snapshots with the writes (four fsyncs) on a worker thread: on the event loop
+        they took up to 330 ms behind another writer, and a leader silent that long loses its
+        followers."""
+        return await asyncio.to_thread(self._write_snapshots, *self._snapshot_docs())
+
+    def _snapshot_docs(self) -> tuple[dict, dict]:
+        """On the loop: copies of the tables as of now. What changes after this is due next time."""
         self._offsets_dirty = False
-        return True
+        topics = {t: {"read_queue_nums": c.read_queue_nums, "write_queue_nums": c.write_queue_nums,
+                      "perm": c.perm} for t, c in self.topics.items()}
+        table = {k: dict(v) for k, v in self.offsets.items()}
+        cq = self.cq_store.get(SYS_CONSUMER_OFFSET, SYSTEM_QUEUE)
+        # Everything below the system queue's end has been applied, so replay can start there.
+        table[REPLAY_MARK_KEY] = {SYSTEM_QUEUE: cq.max_offset if cq is not None else 0}
+        return topics, table
+
+    def _write_snapshots(self, topics: dict, table: dict) -> bool:
+        """May run on a worker thread: the snapshot stores are touched only here (and at load)."""
+        with self._snapshot_lock:
+            try:
+                self.topic_store.save(topics)
+                self.offset_store.save(table)
+            except OSError as e:
+                if not is_enospc(e):
+                    raise
+                self._offsets_dirty = True
+                held = self._snapshot_warnings.due(time.monotonic())
+                if held is not None:
+                    log.warning("disk full: topic and consumer-offset snapshots not written (%s); the log keeps "
+                                "them and the next snapshot tries again (%d such since the last warning)", e, held)
+                return False
+            return True
 
     def export_replicated_state(self) -> dict:
         """Topics and consumer offsets as a DLedger base carries them (see DLedgerLog retention)."""

@@ -78,6 +78,9 @@ class BrokerConfig:
     # full to the last block would stop what frees it: the writes of a restart, a DLedger
     # retention cut's base state (node/store/reserve.py). 0 = no reserve.
     disk_reserve_bytes: int = _key("diskReserveBytes", 8 * MIB)
+    # (ours) A call that blocks the node's event loop this long, ms, is counted and logged with
+    # where the loop was (node/loop_watchdog.py); 0 turns the watchdog off.
+    loop_stall_warn_ms: int = _key("loopStallWarnMs", 200)
     # Period of the consumer-offset snapshot to config/consumerOffset.json, ms.
     flush_consumer_offset_interval_ms: int = _key("flushConsumerOffsetInterval", 5000)
     # (ours) Pause between two scrubber passes over the committed log, ms (node/store/scrub.py);
@@ -392,6 +395,7 @@ _CHECKS = (
     _in_range("disk_max_used_space_ratio_pct", 10, 95),
     _in_range("disk_space_warning_level_ratio_pct", 10, 99),
     _in_range("flush_consumer_offset_interval_ms", 100, 600_000),
+    _in_range("loop_stall_warn_ms", 0, 600_000),
     _in_range("store_scrub_interval_ms", 10, 86_400_000),
     _in_range("store_scrub_rate_mb", 0, 10_000),
     _check_ip,

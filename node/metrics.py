@@ -259,6 +259,10 @@ class NodeCollector:
         if isinstance(fs, TimedFileSystem):
             yield fs.fsync_seconds.family("rocketmq_fsync_latency_seconds",
                                           "Time of each fsync (data files and directories)")
+        watchdog = getattr(b, "loop_watchdog", None)
+        if watchdog is not None:   # node/loop_watchdog.py
+            yield watchdog.histogram.family("rocketmq_event_loop_stall_seconds",
+                                            "Each time the event loop was blocked past loopStallWarnMs")
 
     def _traffic_families(self) -> Iterator[Metric]:
         t: TrafficStats | None = getattr(self.broker, "traffic", None)

@@ -224,7 +224,14 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop_event.set)
     t0 = time.monotonic()
+    watchdog = None
+    if config.loop_stall_warn_ms:
+        from node.loop_watchdog import LoopWatchdog
+        watchdog = LoopWatchdog(warn_s=config.loop_stall_warn_ms / 1000,
+                                beat_s=min(0.02, config.loop_stall_warn_ms / 4000))
+        watchdog.start(loop)
     broker = build_broker(config)
+    broker.loop_watchdog = watchdog
     add_term_to_logs(broker)
     await broker.start()
     from node import peer_auth, tls
@@ -258,6 +265,8 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
         await _bounded_stop("the controller reporter", reporter.stop(), STOP_STEP_S)
     log.info("stopping the broker and its log")   # a stop that hangs past here hangs in broker.stop()
     await broker.stop()
+    if watchdog is not None:
+        watchdog.stop()
     fatal = broker.fatal or _log_fatal(broker)
     log.info("stopped", extra={"fatal": str(fatal or "")})
     return 1 if fatal is not None else 0

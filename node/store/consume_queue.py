@@ -189,7 +189,7 @@ class ConsumeQueue:
                 log.warning("%s: %d unit(s) at queue offset %d differ from the log; rewriting them "
                             "(a torn write from a crash)", self.directory, bad, (pos + done) // UNIT_SIZE)
                 seg.handle.pwrite(want, rel)
-                self.file.flushed = min(self.file.flushed, pos + done)
+                self.file.mark_unflushed(pos + done)
             done += n
 
     def _append(self, first: int, view: memoryview) -> None:
@@ -377,7 +377,9 @@ class ConsumeQueueStore:
         return removed
 
     def flush_all(self) -> None:
-        for cq in self._queues.values():
+        """fsync every queue. May run on a worker thread while the loop adds queues, appends
+        units and closes queues (each SegmentedFile locks its flush against closing)."""
+        for cq in list(self._queues.values()):
             cq.flush()
 
     def close(self) -> None:

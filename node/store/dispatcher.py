@@ -31,6 +31,7 @@ import asyncio
 import errno
 import logging
 import struct
+import threading
 import time
 from typing import Callable, Sequence
 
@@ -147,6 +148,7 @@ class Dispatcher:
         self.dispatched_records = 0     # metrics
         self.handler_errors = 0
         self.disk_full_errors = 0       # CQ/index/checkpoint writes refused with ENOSPC (retried)
+        self._sync_lock = threading.Lock()
         self._disk_full_warnings = LogThrottle(DISK_FULL_LOG_INTERVAL_S)
 
     # --- observers ----------------------------------------------------------------------------
@@ -235,7 +237,7 @@ class Dispatcher:
                         self.dispatch_once()
                     if self._clock() >= next_flush:
                         next_flush = self._clock() + interval
-                        self.flush()
+                        await self.flush_in_background()
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise
@@ -271,29 +273,55 @@ class Dispatcher:
             log.error("dispatch: final flush at position %d failed: %s", self.position, e)
 
     def flush(self) -> bool:
-        """CQs, then index, then the checkpoint (it may only describe durable data)."""
+        """CQs, then index, then the checkpoint (it may only describe durable data).
+        False when there was nothing to flush or the checkpoint was not saved."""
+        staged = self._stage_flush()
+        return staged is not None and self._flushed(staged[0], self._sync(*staged))
+
+    async def flush_in_background(self) -> bool:
+        """flush(), its fsyncs and the checkpoint's write on a worker thread, as RocketMQ's
+        FlushConsumeQueueService does: they took up to a few hundred ms behind another writer,
+        and on the event loop that silenced Raft heartbeats and HA pushes (an election)."""
+        staged = self._stage_flush()
+        return staged is not None and self._flushed(staged[0], await asyncio.to_thread(self._sync, *staged))
+
+    def _stage_flush(self) -> tuple[int, int] | None:
+        """On the loop: what the flush covers; the index's buffered entries written out."""
         if self.flushed_position == self.position:
-            return False
-        position = self.position
-        self.cq_store.flush_all()
+            return None
         if self.index is not None:
-            self.index.flush()
-        cp = self.checkpoint
-        cp.committed_offset = position
-        cp.logics_msg_timestamp = self._last_store_ts
-        cp.index_msg_timestamp = self._last_store_ts
-        try:
-            cp.save()
-        except OSError as e:
-            if e.errno != errno.ENOSPC:
-                raise
-            # write_atomic left the old checkpoint whole (temp file, then rename): recovery
-            # starts a little earlier, nothing is lost. Keep serving; the next flush retries.
-            log.warning("checkpoint not saved at position %d: disk full (%s); retrying at the next flush",
-                        position, e)
-            return False
-        self.flushed_position = position
-        return True
+            self.index.write_out()
+        return self.position, self._last_store_ts
+
+    def _sync(self, position: int, store_ts: int) -> bool:
+        """fsync CQs and index, then save the checkpoint. May run on a worker thread: CQ
+        appends and index builds go on beside it (SegmentedFile and IndexService lock out
+        only closing a file); `_sync_lock` keeps two flushes (the loop's last one at stop)
+        from writing the checkpoint at once."""
+        with self._sync_lock:
+            self.cq_store.flush_all()
+            if self.index is not None:
+                self.index.sync()
+            cp = self.checkpoint
+            cp.committed_offset = position
+            cp.logics_msg_timestamp = store_ts
+            cp.index_msg_timestamp = store_ts
+            try:
+                cp.save()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                # write_atomic left the old checkpoint whole (temp file, then rename): recovery
+                # starts a little earlier, nothing is lost. Keep serving; the next flush retries.
+                log.warning("checkpoint not saved at position %d: disk full (%s); retrying at the next flush",
+                            position, e)
+                return False
+            return True
+
+    def _flushed(self, position: int, ok: bool) -> bool:
+        if ok:
+            self.flushed_position = max(self.flushed_position, position)
+        return ok
 
     # --- one batch ----------------------------------------------------------------------------
     def dispatch_once(self) -> int:

@@ -328,6 +328,8 @@ class FaultyFileSystem(FileSystem):
     removing a file this file system has written gives its bytes back.
     `short_write_bytes` makes the next write longer than that store only that many bytes
     and raise ShortWrite (ENOSPC). `mtimes` overrides FileSystem.mtime per path.
+    A file created since its directory's last fsync_dir is gone after crash(), as its
+    directory entry would be (a rename counts as durable at once).
     """
 
     def __init__(self, seed: int = 0):
@@ -338,9 +340,16 @@ class FaultyFileSystem(FileSystem):
         self.write_budget_bytes: int | None = None   # None = unlimited; else ENOSPC when exhausted
         self.short_write_bytes: int | None = None    # one-shot: the next longer write stops here
         self.mtimes: dict[str, float] = {}
+        self._new_files: dict[str, set[str]] = {}    # directory -> files created since its last fsync
 
     def open(self, path: str) -> FileHandle:
+        if not os.path.exists(path):
+            self._new_files.setdefault(os.path.dirname(path), set()).add(path)
         return _FaultyFile(self, super().open(path))  # type: ignore[arg-type]
+
+    def fsync_dir(self, path: str) -> None:
+        super().fsync_dir(path)
+        self._new_files.pop(path.rstrip(os.sep) or os.sep, None)
 
     def _extents_of(self, path: str, handle: OsFile) -> _Extents:
         ext = self._extents.get(path)
@@ -362,6 +371,7 @@ class FaultyFileSystem(FileSystem):
 
     def rename(self, src: str, dst: str) -> None:
         super().rename(src, dst)
+        self._new_files.get(os.path.dirname(src), set()).discard(src)
         if src in self._extents:
             self._extents[dst] = self._extents.pop(src)
         else:
@@ -378,8 +388,16 @@ class FaultyFileSystem(FileSystem):
         self.write_budget_bytes -= n
 
     def crash(self, torn: bool = False) -> dict[str, int]:
-        """Lose unsynced writes. Returns bytes reverted per file."""
+        """Lose unsynced writes, and files whose directory entry was never fsynced. Returns
+        bytes reverted per file."""
         reverted: dict[str, int] = {}
+        for files in self._new_files.values():
+            for path in files:
+                if os.path.exists(path):
+                    os.remove(path)
+                    reverted[path] = -1
+                self._undo.pop(path, None)
+        self._new_files.clear()
         for path, writes in self._undo.items():
             if not os.path.exists(path):
                 continue

@@ -28,6 +28,7 @@ import datetime as _dt
 import logging
 import os
 import sys
+import threading
 from array import array
 
 from node.store import layout as L
@@ -141,6 +142,7 @@ class IndexFile:
         self._pending = bytearray()     # entries [written_count, index_count) not yet written
         self._written_count = 1
         self._header_dirty = False
+        self.closed = False
 
     # --- geometry -------------------------------------------------------------------------
     @staticmethod
@@ -238,17 +240,29 @@ class IndexFile:
 
     def flush(self) -> None:
         """Entries, dirty slot pages, header, then fsync. StoreFatal if the fsync fails."""
+        if self.write_out():
+            self.sync()
+
+    def write_out(self) -> bool:
+        """Entries, dirty slot pages and the header into the file (page cache, no fsync);
+        True when that changed anything, so an fsync (sync()) is due."""
         self.write_pending()
         if self._slots is not None and self._dirty_pages:
             self._write_slot_pages()
-        if self._header_dirty:
-            self.handle.pwrite(HEADER.pack(self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
-                                           self.end_phy_offset, self.hash_slot_count, self.index_count), 0)
-            try:
-                self.handle.fsync()
-            except OSError as e:
-                raise StoreFatal(f"fsync of {self.path} failed: {e}; stopping (no retry after a failed fsync)") from e
-            self._header_dirty = False
+        if not self._header_dirty:
+            return False
+        self.handle.pwrite(HEADER.pack(self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                                       self.end_phy_offset, self.hash_slot_count, self.index_count), 0)
+        self._header_dirty = False
+        return True
+
+    def sync(self) -> None:
+        """fsync what write_out() wrote; StoreFatal if it fails (no retry after a failed fsync).
+        Touches no in-memory state: it may run on a worker thread beside put_hash()."""
+        try:
+            self.handle.fsync()
+        except OSError as e:
+            raise StoreFatal(f"fsync of {self.path} failed: {e}; stopping (no retry after a failed fsync)") from e
 
     def _write_slot_pages(self) -> None:
         assert self._slots is not None
@@ -311,10 +325,11 @@ class IndexFile:
         return list(ENTRY.iter_unpack(raw[:len(raw) - len(raw) % ENTRY.size]))
 
     def close(self) -> None:
+        self.closed = True
         self.handle.close()
 
     def delete(self) -> None:
-        self.handle.close()
+        self.close()
         self.fs.remove(self.path)
 
 
@@ -331,6 +346,11 @@ class IndexService:
         self.max_entries = max_entries
         self.files: list[IndexFile] = []
         self._hasher = _KeyHasher()
+        # sync() may run on a worker thread (the dispatcher's flush): it holds this lock, and
+        # so do write_out() and whatever closes a file, so no fsync meets a closed descriptor.
+        self._io = threading.Lock()
+        self._sync_due: IndexFile | None = None     # written out, not yet fsynced
+        self._dir_unsynced = False   # a new file's name waits for sync() (as SegmentedFile's do)
 
     # --- startup ----------------------------------------------------------------------------
     def load(self, log_end_physical: int | None = None) -> list[str]:
@@ -422,7 +442,10 @@ class IndexService:
         self.fs.makedirs(self.directory)
         f = IndexFile.create(self.fs, path, self.hash_slots, self.max_entries)
         self.files.append(f)
-        self.fs.fsync_dir(self.directory)
+        with self._io:
+            if self._dir_unsynced:       # at most one name waits, so a crash never loses an older file
+                self.fs.fsync_dir(self.directory)
+            self._dir_unsynced = True
         log.info("index: new file %s", f.name)
         return f
 
@@ -463,8 +486,25 @@ class IndexService:
             self.files[-1].write_pending()
 
     def flush(self) -> None:
-        if self.files and self.files[-1].writable:
-            self.files[-1].flush()
+        self.write_out()
+        self.sync()
+
+    def write_out(self) -> None:
+        """On the owner's loop: the writable file's buffered entries, slot pages and header
+        into the file; sync() then makes them durable."""
+        if self.files and self.files[-1].writable and self.files[-1].write_out():
+            with self._io:
+                self._sync_due = self.files[-1]
+
+    def sync(self) -> None:
+        """fsync what write_out() wrote. Safe on a worker thread beside build_index()."""
+        with self._io:
+            f, self._sync_due = self._sync_due, None
+            if self._dir_unsynced:
+                self._dir_unsynced = False
+                self.fs.fsync_dir(self.directory)
+            if f is not None and not f.closed:
+                f.sync()
 
     # --- reads, expiry ------------------------------------------------------------------------
     def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:
@@ -487,7 +527,8 @@ class IndexService:
         removed: list[str] = []
         while len(self.files) > 1 and self.files[0].end_phy_offset < min_phys:
             f = self.files.pop(0)
-            f.delete()
+            with self._io:
+                f.delete()
             removed.append(f.name)
         if removed:
             self.fs.fsync_dir(self.directory)
@@ -495,5 +536,6 @@ class IndexService:
         return removed
 
     def close(self) -> None:
-        for f in self.files:
-            f.close()
+        with self._io:
+            for f in self.files:
+                f.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 from dataclasses import dataclass
 
 from node.store.errors import StoreFatal
@@ -92,11 +93,21 @@ class SegmentedFile:
         self.segments: list[Segment] = []
         self._bases: list[int] = []
         self.flushed = 0       # everything below this offset is durable
+        # flush() may run on a worker thread while the owner's loop appends (pwrite beside an
+        # fsync is safe). It holds this lock, and whatever closes a segment (truncate,
+        # delete_head, reset_to, close) takes it, so no fsync meets a closed descriptor.
+        self._io = threading.Lock()
+        self._closed = False
+        # A segment created by an append whose directory entry is not yet fsynced: the next
+        # flush() fsyncs the directory before it claims any byte durable. At most one is
+        # pending, so a crash can lose only the newest file, never one between two others.
+        self._dir_unsynced = False
 
     # --- opening ------------------------------------------------------------------------
     def load(self) -> None:
         """Open the segments on disk. Every one is taken as full until the owner sets the end."""
         self.fs.makedirs(self.directory)
+        self._closed = False
         for name in self.fs.listdir(self.directory):
             if len(name) != NAME_DIGITS or not name.isdigit():
                 continue  # temp files and foreign files are not ours
@@ -147,28 +158,36 @@ class SegmentedFile:
         """The segment to append to, creating the first one at the file holding `start_offset`."""
         seg = self.last()
         if seg is None:
-            return self._create(self.first_file_start(start_offset))
+            return self._create(self.first_file_start(start_offset), dir_sync_deferred=True)
         if seg.remaining == 0:
-            return self._create(seg.base + self.segment_size)
+            return self._create(seg.base + self.segment_size, dir_sync_deferred=True)
         return seg
 
     def roll(self) -> Segment:
         """Start the next segment (the owner has padded the current one)."""
         seg = self.last()
         assert seg is not None and seg.remaining == 0
-        return self._create(seg.base + self.segment_size)
+        return self._create(seg.base + self.segment_size, dir_sync_deferred=True)
 
-    def _create(self, base: int) -> Segment:
+    def _create(self, base: int, dir_sync_deferred: bool = False) -> Segment:
+        """A new last segment. Its directory entry is fsynced here, or, for an append
+        (`dir_sync_deferred`), by the next flush(): an fsync of the directory on the append
+        path blocked the owner's event loop for up to 680 ms behind another writer."""
         self.fs.makedirs(self.directory)
         path = os.path.join(self.directory, segment_name(base))
         handle = self.fs.open(path)
         handle.truncate(self.segment_size)  # sparse, full size
         seg = Segment(base, self.segment_size, path, handle)
+        sync_now = not dir_sync_deferred or self._dir_unsynced
+        if not sync_now:
+            self._dir_unsynced = True        # before the segment counts toward `end` (flush reads it)
         if not self.segments:
             self.flushed = base
         self.segments.append(seg)
         self._bases.append(base)
-        self.fs.fsync_dir(self.directory)
+        if sync_now:
+            self.fs.fsync_dir(self.directory)
+            self._dir_unsynced = False
         return seg
 
     # --- IO -----------------------------------------------------------------------------
@@ -187,20 +206,34 @@ class SegmentedFile:
         An fsync error is fatal: after a failed fsync the kernel may have dropped
         the dirty pages, so retrying could report durability that does not exist.
         """
-        end = self.end
-        if self.flushed >= end:
-            return self.flushed
-        i = max(0, bisect.bisect_right(self._bases, self.flushed) - 1)
-        try:
-            for seg in self.segments[i:]:
-                seg.handle.fsync()
-        except OSError as e:
-            raise StoreFatal(f"fsync failed in {self.directory}: {e}; stopping (no retry after a failed fsync)") from e
-        self.flushed = end
-        return end
+        with self._io:
+            end = self.end
+            if self._closed or self.flushed >= end:
+                return self.flushed
+            i = max(0, bisect.bisect_right(self._bases, self.flushed) - 1)
+            try:
+                if self._dir_unsynced:
+                    self._dir_unsynced = False
+                    self.fs.fsync_dir(self.directory)
+                for seg in self.segments[i:]:
+                    seg.handle.fsync()
+            except OSError as e:
+                raise StoreFatal(f"fsync failed in {self.directory}: {e}; stopping (no retry after a failed fsync)") \
+                    from e
+            self.flushed = end
+            return end
+
+    def mark_unflushed(self, offset: int) -> None:
+        """Bytes at `offset` were rewritten in place: the next flush fsyncs from there."""
+        with self._io:
+            self.flushed = min(self.flushed, offset)
 
     def truncate(self, offset: int) -> TruncateReport:
         """Durably drop every byte at or past `offset` (zeroed, later files deleted)."""
+        with self._io:
+            return self._truncate(offset)
+
+    def _truncate(self, offset: int) -> TruncateReport:
         removed: list[str] = []
         while self.segments and self.segments[-1].base > offset:
             seg = self.segments.pop()
@@ -231,6 +264,10 @@ class SegmentedFile:
 
     def delete_head(self, upto_offset: int) -> list[str]:
         """Delete whole segments that end at or before `upto_offset` (never the last one)."""
+        with self._io:
+            return self._delete_head(upto_offset)
+
+    def _delete_head(self, upto_offset: int) -> list[str]:
         removed: list[str] = []
         while len(self.segments) > 1 and self.segments[0].base + self.segment_size <= upto_offset:
             seg = self.segments.pop(0)
@@ -244,6 +281,10 @@ class SegmentedFile:
 
     def reset_to(self, offset: int) -> None:
         """Drop every segment and restart empty at `offset` (follower reset below leader's first)."""
+        with self._io:
+            self._reset_to(offset)
+
+    def _reset_to(self, offset: int) -> None:
         for seg in self.segments:
             seg.handle.close()
             self.fs.remove(seg.path)
@@ -255,5 +296,7 @@ class SegmentedFile:
         self.flushed = offset
 
     def close(self) -> None:
-        for seg in self.segments:
-            seg.handle.close()
+        with self._io:
+            self._closed = True
+            for seg in self.segments:
+                seg.handle.close()

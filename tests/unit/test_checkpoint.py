@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from node.store import layout as L
@@ -41,6 +41,7 @@ def test_save_then_load_round_trips(tmp_path):
     assert len(open(cp.path, "rb").read()) == L.CHECKPOINT.size
 
 
+@settings(deadline=None)     # each example saves with two fsyncs: a busy disk must not fail it
 @given(st.integers(0, L.CHECKPOINT.size * 8 - 1))
 def test_any_bit_flip_is_detected_and_means_full_redispatch(bit):
     import tempfile

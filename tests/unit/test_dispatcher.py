@@ -207,17 +207,22 @@ def test_checkpoint_is_saved_only_after_cqs_and_index_are_flushed(tmp_path):
     s = Store(log, tmp_path)
     s.recover(log)
     calls: list[str] = []
-    for obj, name in ((s.cqs, "flush_all"), (s.index, "flush"), (s.cp, "save")):
+    for obj, name in ((s.index, "write_out"), (s.cqs, "flush_all"), (s.index, "sync"), (s.cp, "save")):
         orig = getattr(obj, name)
         setattr(obj, name, lambda orig=orig, name=name: (calls.append(name), orig())[1])
     s.d.catch_up()
-    assert calls == ["flush_all", "flush", "save"]
+    done = ["write_out", "flush_all", "sync", "save"]
+    assert calls == done
     assert s.d.flush() is False                 # nothing new: no write at all
-    assert calls == ["flush_all", "flush", "save"]
+    assert calls == done
+    fill(log, 5, start=10)
+    s.d.dispatch_once()
+    assert asyncio.run(s.d.flush_in_background()) is True     # the same steps, fsyncs off the loop
+    assert calls == done * 2
     again = Checkpoint(FileSystem(), str(tmp_path))
     assert again.load()
     assert again.committed_offset == log.end
-    assert again.logics_msg_timestamp == T0 + 9
+    assert again.logics_msg_timestamp == T0 + 14
 
 
 @pytest.mark.parametrize("seed", range(6))

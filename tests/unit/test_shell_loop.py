@@ -179,3 +179,65 @@ def test_a_round_writes_its_messages_before_the_listener_applies_its_commits(tmp
             await node.stop()
 
     asyncio.run(scenario())
+
+
+class SlowMetaFileSystem(FileSystem):
+    """write_atomic of the Raft meta file holds until `hold_s` has passed once armed: a meta
+    write (two fsyncs) behind a background writer, which took up to 99 ms here."""
+
+    def __init__(self, hold_s: float):
+        import threading
+        self.hold_s = hold_s
+        self.armed = False
+        self.started = threading.Event()
+        self.done = threading.Event()
+
+    def write_atomic(self, path, data):
+        if self.armed and path.endswith("/meta") and not self.started.is_set():
+            self.started.set()
+            import time
+            time.sleep(self.hold_s)
+            self.done.set()
+        super().write_atomic(path, data)
+
+
+def test_regression_a_slow_checkpoint_does_not_stall_the_event_loop(tmp_path):
+    """The periodic checkpoint wrote meta (two fsyncs) on the event loop: one that took longer
+    than the election timeout silenced a leader's heartbeats, and its followers elected anew
+    (a CI run: term 1 -> 3, same leader). It runs on the flusher's worker thread now: while a
+    checkpoint is held, the loop still commits proposals."""
+    async def scenario():
+        fs = SlowMetaFileSystem(hold_s=1.0)
+        store = EntryStore(fs, str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
+                        ShellConfig(tick_ms=10, checkpoint_interval_ms=100), rng=random.Random(1))
+        await node.start()
+        try:
+            for _ in range(300):
+                if node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index:
+                    break
+                await asyncio.sleep(0.01)
+            assert node.core.role.name == "LEADER"
+            fs.armed = True
+            node.propose([b"a"])                 # moves the commit index: the next checkpoint writes
+            for _ in range(300):
+                if fs.started.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert fs.started.is_set(), "no checkpoint wrote meta"
+            _first, last = node.propose([b"b", b"c"])
+            for _ in range(50):
+                if node.core.commit_index >= last:
+                    break
+                await asyncio.sleep(0.01)
+            assert node.core.commit_index >= last and not fs.done.is_set(), \
+                "the loop committed nothing while a checkpoint was writing meta"
+            for _ in range(300):
+                if node.metrics["checkpoints"]:
+                    break
+                await asyncio.sleep(0.01)
+            assert node.status()["checkpoint_ms_max"] >= 900
+        finally:
+            await node.stop()
+
+    asyncio.run(scenario())

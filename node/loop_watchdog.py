@@ -1,0 +1,98 @@
+"""Notices an event loop blocked by a call that does not yield, and says where.
+
+Everything a node does runs on one asyncio loop; a call that blocks it (a write held by the
+kernel's dirty-page throttling behind another writer, a read from a saturated disk) silences
+Raft heartbeats and HA pushes for as long as it lasts. A leader silent for longer than the
+election timeout is replaced, so such stalls must be visible, with their cause.
+
+A callback on the loop stamps the time every `beat_s`. A daemon thread checks the stamp;
+once it is older than `warn_s` the thread takes the loop thread's stack, which is where the
+loop is stuck. When the loop runs again the stall is counted (count, total, longest and a
+histogram, for /metrics) and logged with that stack, at most once per `warn_every_s` (the
+others are counted in the next warning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import threading
+import time
+import traceback
+
+from node.log_throttle import LogThrottle
+from node.metrics import LatencyHistogram
+
+log = logging.getLogger(__name__)
+
+STALL_BUCKETS_S = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+MAX_STACK_FRAMES = 12
+
+
+class LoopWatchdog:
+    def __init__(self, warn_s: float = 0.2, beat_s: float = 0.02, warn_every_s: float = 10.0):
+        assert 0 < beat_s < warn_s
+        self.warn_s, self.beat_s = warn_s, beat_s
+        self.stalls = 0
+        self.stalled_s_total = 0.0
+        self.stalled_s_max = 0.0
+        self.histogram = LatencyHistogram(STALL_BUCKETS_S)
+        self._warnings = LogThrottle(warn_every_s)
+        self._beat = time.monotonic()
+        self._stack: list[str] | None = None     # taken by the thread during the current stall
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._loop_thread_id = 0
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_running_loop()
+        self._loop_thread_id = threading.get_ident()
+        self._beat = time.monotonic()
+        self._handle = self._loop.call_soon(self._tick)
+        self._thread = threading.Thread(target=self._watch, name="loop-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    def status(self) -> dict:
+        return {"stalls": self.stalls, "stalled_s_total": round(self.stalled_s_total, 3),
+                "stalled_s_max": round(self.stalled_s_max, 3), "warn_s": self.warn_s}
+
+    # --- on the loop --------------------------------------------------------------------------
+    def _tick(self) -> None:
+        now = time.monotonic()
+        late = now - self._beat - self.beat_s      # how long the loop could not run this tick
+        if late >= self.warn_s:
+            self._record(late, self._stack)
+        self._stack = None
+        self._beat = now
+        if not self._stop.is_set():
+            self._handle = self._loop.call_later(self.beat_s, self._tick)
+
+    def _record(self, stalled_s: float, stack: list[str] | None) -> None:
+        self.stalls += 1
+        self.stalled_s_total += stalled_s
+        self.stalled_s_max = max(self.stalled_s_max, stalled_s)
+        self.histogram.observe(stalled_s)
+        held = self._warnings.due(time.monotonic())
+        if held is not None:
+            where = "".join(stack) if stack else "  (the stack was not taken in time)\n"
+            log.warning("event loop blocked for %.0f ms (%d more stall(s) over %.0f ms since the last warning); "
+                        "it was in:\n%s", stalled_s * 1000, held, self.warn_s * 1000, where.rstrip())
+
+    # --- on the watchdog thread ---------------------------------------------------------------
+    def _watch(self) -> None:
+        period = min(self.beat_s, self.warn_s / 4)
+        while not self._stop.wait(period):
+            if self._stack is None and time.monotonic() - self._beat > self.warn_s:
+                frame = sys._current_frames().get(self._loop_thread_id)
+                if frame is not None:
+                    self._stack = traceback.format_stack(frame, limit=MAX_STACK_FRAMES)
