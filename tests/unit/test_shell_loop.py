@@ -21,6 +21,14 @@ from node.store.errors import StoreFatal
 from node.store.fileio import FileSystem
 
 
+async def _until(cond, tries: int = 300) -> None:
+    """Poll `cond` every 10 ms, at most `tries` times; the caller asserts what it needs."""
+    for _ in range(tries):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+
+
 class Exploding:
     def __init__(self):
         self.armed = False
@@ -48,17 +56,11 @@ def test_a_failing_round_stops_the_node_instead_of_wedging_it(tmp_path):
         listener = node.listener = Exploding()
         await node.start()
         try:
-            for _ in range(300):
-                if node.core.role.name == "LEADER":
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.core.role.name == "LEADER")
             assert node.core.role.name == "LEADER"
             listener.armed = True
             node.propose([b"x"])
-            for _ in range(300):
-                if node.fatal is not None:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.fatal is not None)
             assert isinstance(node.fatal, RuntimeError)
             assert listener.fatal is node.fatal
             with pytest.raises(StoreFatal):
@@ -104,10 +106,7 @@ def test_sync_flush_commits_only_after_the_group_fsync_lands(tmp_path):
                         ShellConfig(tick_ms=10, flush_disk_type="SYNC_FLUSH"), rng=random.Random(1))
         await node.start()
         try:
-            for _ in range(300):
-                if node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
             assert node.core.role.name == "LEADER"
             fs.gate.clear()
             _first, last = node.propose([b"a", b"b", b"c"])
@@ -116,10 +115,7 @@ def test_sync_flush_commits_only_after_the_group_fsync_lands(tmp_path):
             assert node.core.commit_index < last, "committed before its fsync returned"
             assert node.core.durable_index < last
             fs.gate.set()
-            for _ in range(300):
-                if node.core.commit_index >= last:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.core.commit_index >= last)
             assert node.core.commit_index >= last
             assert store.flushed_index >= last
             assert node.metrics["fsyncs"] >= 1
@@ -161,16 +157,10 @@ def test_a_round_writes_its_messages_before_the_listener_applies_its_commits(tmp
         flush = node.transport.flush
         node.transport.flush = lambda: (events.append(("flush",)), flush())
         try:
-            for _ in range(300):
-                if node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
             events.clear()
             _first, last = node.propose([b"a", b"b"])
-            for _ in range(300):
-                if ("ready", last) in events:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: ("ready", last) in events)
             at = events.index(("ready", last))
             assert ("flush",) in events[:at], events
             committed = [e[1] for e in events if e[0] == "ready"]
@@ -213,29 +203,17 @@ def test_regression_a_slow_checkpoint_does_not_stall_the_event_loop(tmp_path):
                         ShellConfig(tick_ms=10, checkpoint_interval_ms=100), rng=random.Random(1))
         await node.start()
         try:
-            for _ in range(300):
-                if node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
             assert node.core.role.name == "LEADER"
             fs.armed = True
             node.propose([b"a"])                 # moves the commit index: the next checkpoint writes
-            for _ in range(300):
-                if fs.started.is_set():
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: fs.started.is_set())
             assert fs.started.is_set(), "no checkpoint wrote meta"
             _first, last = node.propose([b"b", b"c"])
-            for _ in range(50):
-                if node.core.commit_index >= last:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.core.commit_index >= last, tries=50)
             assert node.core.commit_index >= last and not fs.done.is_set(), \
                 "the loop committed nothing while a checkpoint was writing meta"
-            for _ in range(300):
-                if node.metrics["checkpoints"]:
-                    break
-                await asyncio.sleep(0.01)
+            await _until(lambda: node.metrics["checkpoints"])
             assert node.status()["checkpoint_ms_max"] >= 900
         finally:
             await node.stop()
