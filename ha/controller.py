@@ -531,6 +531,24 @@ class ControllerStateMachine(SyncObj):
         except OSError as e:
             log.warning("cannot allocate %d bytes ahead for the Raft journal %s (%s): a full disk may then "
                         "stop this controller with SIGBUS", JOURNAL_RESERVE_BYTES, journal, e)
+        self._store_term_on_reserve()
+
+    def _store_term_on_reserve(self) -> None:
+        """pysyncobj stores term and vote as a temp file renamed over `raft.journal.meta`
+        (journal.MetaStorer), which needs a free block. On a disk full to the last block a
+        follower whose election timer fired set its term in memory, failed to store it, and
+        could store no later term either: it stayed out of the group until space came back (a CI
+        run: the full follower never applied another decision). The write now gives up the
+        reserve on ENOSPC, as the state file's does; the rename frees the old file's block, so
+        later writes fit in the room the reserve left."""
+        storer = getattr(getattr(self, "_SyncObj__raftLog", None), "_FileJournal__metaStorer", None)
+        store = getattr(storer, "storeMeta", None)
+        if store is None:
+            log.warning("controller: pysyncobj's journal has no meta storer where expected; a term write on a "
+                        "full disk will not use the reserve")
+            return
+        storer.storeMeta = lambda meta: self.reserve.using(lambda: store(meta), "the Raft term and vote "
+                                                                                "(raft.journal.meta)")
 
     @replicated
     def apply(self, op: dict) -> bool:
