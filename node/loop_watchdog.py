@@ -15,7 +15,10 @@ others are counted in the next warning).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import re
 import sys
 import threading
 import time
@@ -28,6 +31,9 @@ log = logging.getLogger(__name__)
 
 STALL_BUCKETS_S = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 MAX_STACK_FRAMES = 12
+WARNING = "event loop blocked for %.0f ms (%d more stall(s) over %.0f ms since the last warning); it was in:\n%s"
+_WARNING_RE = re.compile(r"event loop blocked for (\d+) ms \((\d+) more stall")
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
 
 
 class LoopWatchdog:
@@ -85,8 +91,7 @@ class LoopWatchdog:
         held = self._warnings.due(time.monotonic())
         if held is not None:
             where = "".join(stack) if stack else "  (the stack was not taken in time)\n"
-            log.warning("event loop blocked for %.0f ms (%d more stall(s) over %.0f ms since the last warning); "
-                        "it was in:\n%s", stalled_s * 1000, held, self.warn_s * 1000, where.rstrip())
+            log.warning(WARNING, stalled_s * 1000, held, self.warn_s * 1000, where.rstrip())
 
     # --- on the watchdog thread ---------------------------------------------------------------
     def _watch(self) -> None:
@@ -96,3 +101,33 @@ class LoopWatchdog:
                 frame = sys._current_frames().get(self._loop_thread_id)
                 if frame is not None:
                     self._stack = traceback.format_stack(frame, limit=MAX_STACK_FRAMES)
+
+
+def stalls_in_logs(paths: list[str], max_bytes: int = 64 << 20) -> dict:
+    """What this watchdog's warnings in nodes' JSON logs add up to (a soak's verdict): stalls,
+    the held-back ones included; the longest warned of; and where the loop was then (the
+    innermost frames outside the standard library). Reads at most `max_bytes` per file."""
+    stalls, longest_ms, where = 0, 0, None
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                lines = f.read(max_bytes).decode("utf-8", "replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if "event loop blocked" not in line:
+                continue
+            try:
+                msg = json.loads(line).get("msg", "")
+            except ValueError:
+                continue
+            m = _WARNING_RE.search(msg)
+            if m is None:
+                continue
+            ms, held = int(m.group(1)), int(m.group(2))
+            stalls += 1 + held
+            if ms > longest_ms:
+                frames = [f for f in _FRAME_RE.findall(msg) if "/lib/python" not in f[0] and "<frozen" not in f[0]]
+                longest_ms = ms
+                where = " > ".join(f"{os.path.basename(p)}:{n} {fn}" for p, n, fn in frames[-3:]) or None
+    return {"stalls": stalls, "longest_ms": longest_ms, "where": where}

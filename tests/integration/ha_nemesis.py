@@ -47,6 +47,7 @@ from deploy.faultproxy import ProxyHub
 from mqstore import localcluster as lc
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
+from node.loop_watchdog import stalls_in_logs
 from tests.integration.dledger_harness import (ACKED, FAILED, SEGMENT_BYTES, SMALL_FILES, Attempt, Workload,
                                                check_messages, compare_consume_queues)
 from tests.integration.nemesis import (DISK_MIB, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis, available_kinds, cli,
@@ -377,6 +378,7 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         group.stop_controllers()
         attempts = workload.snapshot()
         figures = verify_classic(group, attempts, workload.topic)
+        figures["loop_stalls"] = stalls_in_logs([n.log_path for n in group.nodes.values()])
         failed = False
     except BaseException as e:
         raise seed_failed(e, f"HA nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis,

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
+from node.loop_watchdog import stalls_in_logs
 from tests.integration import small_disk, wallclock
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, verify_stores
 
@@ -331,6 +332,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         for n in cluster.nodes.values():
             offsets.check(n.store_dir)
         figures["offset_commits_acked"] = offsets.acked()
+        figures["loop_stalls"] = stalls_in_logs([n.log_path for n in cluster.nodes.values()])
         failed = False
     except BaseException as e:
         if offsets is not None:

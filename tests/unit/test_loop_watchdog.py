@@ -109,3 +109,23 @@ def test_regression_the_dispatchers_periodic_flush_does_not_block_the_loop(tmp_p
     wd, committed, end = asyncio.run(scenario())
     assert committed == end, "the flushes went on: the checkpoint reached the log's end"
     assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+
+
+def test_a_soak_sums_the_warnings_of_its_nodes_logs(tmp_path):
+    """stalls_in_logs reads back what the watchdog wrote: held-back stalls count, and the
+    longest one names where the loop was."""
+    import json as _json
+    from node.loop_watchdog import stalls_in_logs
+    stack = ('  File "/usr/lib/python3.11/asyncio/events.py", line 80, in _run\n'
+             '  File "/srv/node/store/dispatcher.py", line 278, in flush\n'
+             '  File "/srv/node/store/segment.py", line 196, in flush\n')
+    lines = [_json.dumps({"msg": "event loop blocked for 250 ms (0 more stall(s) over 200 ms since the last "
+                                 "warning); it was in:\n" + stack}),
+             "not json at all",
+             _json.dumps({"msg": "event loop blocked for 680 ms (3 more stall(s) over 200 ms since the last "
+                                 "warning); it was in:\n" + stack}),
+             _json.dumps({"msg": "broker ready"})]
+    (tmp_path / "n0.log").write_text("\n".join(lines) + "\n")
+    got = stalls_in_logs([str(tmp_path / "n0.log"), str(tmp_path / "missing.log")])
+    assert got == {"stalls": 5, "longest_ms": 680, "where": "dispatcher.py:278 flush > segment.py:196 flush"}
+    assert stalls_in_logs([]) == {"stalls": 0, "longest_ms": 0, "where": None}
