@@ -78,8 +78,8 @@ class LoopWatchdog:
         late = now - self._beat - self.beat_s      # how long the loop could not run this tick
         if late >= self.warn_s:
             self._record(late, self._stack)
+        self._beat = now            # first: the thread must not take the stack of a loop that runs
         self._stack = None
-        self._beat = now
         if not self._stop.is_set():
             self._handle = self._loop.call_later(self.beat_s, self._tick)
 
