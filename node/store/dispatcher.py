@@ -222,22 +222,30 @@ class Dispatcher:
             pass
 
     async def run(self) -> None:
+        """Dispatch committed records as they come; flush every flush_interval_ms. The flush's
+        fsyncs run on a worker thread while dispatch goes on (RocketMQ's ReputMessageService
+        and FlushConsumeQueueService are two threads too): a committed message becomes
+        pullable without waiting for an fsync, which took hundreds of ms on a busy disk."""
         interval = self.flush_interval_ms / 1000
         next_flush = self._clock() + interval
+        flushing: asyncio.Task | None = None        # at most one flush at a time
         try:
             while True:
                 if self.position >= self.log.committed_position:
-                    wait = max(0.001, min(1.0, next_flush - self._clock()))
-                    await self.log.wait_committed(self.position, wait)
+                    due = next_flush - self._clock() if flushing is None else interval
+                    await self.log.wait_committed(self.position, max(0.001, min(1.0, due)))
                     linger = getattr(self.log, "dispatch_linger_s", 0.0)
                     if linger and 0 < self.log.committed_position - self.position < LINGER_BELOW_BYTES:
                         await asyncio.sleep(linger)    # let a trickle of small commits gather into one batch
                 try:
                     if self.position < self.log.committed_position:
                         self.dispatch_once()
-                    if self._clock() >= next_flush:
+                    if flushing is not None and flushing.done():
+                        done, flushing = flushing, None
+                        done.result()                  # its error is this loop's (ENOSPC: below)
+                    if flushing is None and self._clock() >= next_flush:
                         next_flush = self._clock() + interval
-                        await self.flush_in_background()
+                        flushing = asyncio.ensure_future(self.flush_in_background())
                 except OSError as e:
                     if e.errno != errno.ENOSPC:
                         raise
@@ -246,13 +254,16 @@ class Dispatcher:
                     continue
                 await asyncio.sleep(0)  # let pulls and appends run between batches
         except asyncio.CancelledError:
-            self._final_flush()
+            self._final_flush()         # after a flush in flight: it waits for its thread (_sync_lock)
             raise
         except Exception as e:  # noqa: BLE001 - logged with its context, then re-raised
             self.failed = e
             log.error("dispatch stopped at log position %d (%d bytes behind): %s", self.position,
                       self.behind_bytes, e)
             raise
+        finally:
+            if flushing is not None and not flushing.done():
+                flushing.cancel()       # its thread finishes on its own
 
     def _disk_full(self, e: OSError) -> None:
         """A consume-queue, index or checkpoint write found the disk full. The batch is not

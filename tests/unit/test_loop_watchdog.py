@@ -26,11 +26,11 @@ def _blocking_call_for_the_test(seconds: float) -> None:
 
 def test_a_blocked_loop_is_counted_and_logged_with_where_it_was(caplog):
     async def scenario() -> LoopWatchdog:
-        wd = LoopWatchdog(warn_s=0.1, beat_s=0.01)
+        wd = LoopWatchdog(warn_s=0.25, beat_s=0.01)
         wd.start()
         try:
             await asyncio.sleep(0.05)
-            _blocking_call_for_the_test(0.3)
+            _blocking_call_for_the_test(0.6)
             await asyncio.sleep(0.05)
         finally:
             wd.stop()
@@ -38,14 +38,14 @@ def test_a_blocked_loop_is_counted_and_logged_with_where_it_was(caplog):
 
     with caplog.at_level(logging.WARNING, logger="node.loop_watchdog"):
         wd = asyncio.run(scenario())
-    assert wd.stalls == 1 and 0.25 <= wd.stalled_s_max < 1.0
-    assert wd.histogram.count == 1
+    assert wd.stalls >= 1 and wd.stalled_s_max >= 0.55       # (a busy machine may add a stall of its own)
+    assert wd.histogram.count == wd.stalls
     assert "event loop blocked for" in caplog.text and "_blocking_call_for_the_test" in caplog.text
 
 
 def test_an_idle_or_busy_but_yielding_loop_counts_nothing():
     async def scenario() -> LoopWatchdog:
-        wd = LoopWatchdog(warn_s=0.1, beat_s=0.01)
+        wd = LoopWatchdog(warn_s=0.3, beat_s=0.01)
         wd.start()
         try:
             end = time.monotonic() + 0.5
@@ -61,35 +61,40 @@ def test_an_idle_or_busy_but_yielding_loop_counts_nothing():
 
 
 class _SlowSyncFile:
-    def __init__(self, inner, seconds: float):
-        self._inner, self._seconds = inner, seconds
+    def __init__(self, inner, seconds: float, syncing):
+        self._inner, self._seconds, self._syncing = inner, seconds, syncing
 
     def fsync(self):
+        self._syncing.set()
         time.sleep(self._seconds)
         self._inner.fsync()
+        self._syncing.clear()
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
 
 class SlowConsumeQueueSync(FileSystem):
-    """fsync of consume-queue files takes `seconds`: a disk behind another writer."""
+    """fsync of consume-queue files takes `seconds`: a disk behind another writer.
+    `syncing` is set while one is under way."""
 
     def __init__(self, seconds: float):
+        import threading
         self.seconds = seconds
+        self.syncing = threading.Event()
 
     def open(self, path):
         handle = super().open(path)
-        return _SlowSyncFile(handle, self.seconds) if "/consumequeue/" in path else handle
+        return _SlowSyncFile(handle, self.seconds, self.syncing) if "/consumequeue/" in path else handle
 
 
 def test_regression_the_dispatchers_periodic_flush_does_not_block_the_loop(tmp_path):
     async def scenario() -> tuple[LoopWatchdog, int, int]:
         log = FakeLog()
         fill(log, 5)
-        s = Store(log, tmp_path, fs=SlowConsumeQueueSync(0.3), flush_interval_ms=50)
+        s = Store(log, tmp_path, fs=SlowConsumeQueueSync(0.8), flush_interval_ms=50)
         s.recover(log)
-        wd = LoopWatchdog(warn_s=0.15, beat_s=0.01)
+        wd = LoopWatchdog(warn_s=0.4, beat_s=0.01)
         wd.start()
         s.d.start()
         try:
@@ -129,3 +134,33 @@ def test_a_soak_sums_the_warnings_of_its_nodes_logs(tmp_path):
     got = stalls_in_logs([str(tmp_path / "n0.log"), str(tmp_path / "missing.log")])
     assert got == {"stalls": 5, "longest_ms": 680, "where": "dispatcher.py:278 flush > segment.py:196 flush"}
     assert stalls_in_logs([]) == {"stalls": 0, "longest_ms": 0, "where": None}
+
+
+def test_records_committed_during_a_slow_flush_are_dispatched_at_once(tmp_path):
+    """The flush's fsyncs run beside dispatch, not before it: a record committed while a
+    consume queue's fsync takes a second is pullable at once."""
+    async def scenario() -> tuple[float, bool]:
+        log = FakeLog()
+        fill(log, 5)
+        s = Store(log, tmp_path, fs=SlowConsumeQueueSync(1.0), flush_interval_ms=50)
+        s.recover(log)
+        fs = s.fs
+        s.d.start()
+        try:
+            fill(log, 1, start=5)
+            for _ in range(200):
+                if fs.syncing.is_set():
+                    break
+                await asyncio.sleep(0.005)
+            assert fs.syncing.is_set(), "no flush started"
+            t0 = time.monotonic()
+            fill(log, 1, start=6)
+            while s.d.position < log.end and time.monotonic() - t0 < 2.0:
+                await asyncio.sleep(0.002)
+            return time.monotonic() - t0, fs.syncing.is_set()
+        finally:
+            await s.d.stop()
+            s.close()
+
+    took_s, still_syncing = asyncio.run(scenario())
+    assert took_s < 0.5 and still_syncing, f"dispatched {took_s:.3f} s after its commit, behind the flush"
