@@ -46,7 +46,9 @@ def _probe(api: str, create: bool = False) -> int:
     st, doc = lc.http(api, "POST", f"/topics/{PROBE_TOPIC}/messages", {"messages": [{"body": "probe", "queue_id": 0}]})
     assert st == 200 and doc["results"][0]["status"] in ("SEND_OK", "SLAVE_NOT_AVAILABLE"), doc
     offset = doc["results"][0]["queue_offset"]
-    st, got = lc.http(api, "GET", f"/topics/{PROBE_TOPIC}/queues/0/messages?offset={offset}&max=1")
+    # An ack means committed; dispatch to the consume queue follows (RocketMQ's reput): long-poll.
+    st, got = lc.http(api, "GET", f"/topics/{PROBE_TOPIC}/queues/0/messages?offset={offset}&max=1&wait_ms=5000",
+                      timeout=10)
     assert st == 200 and got["messages"], got
     return got["messages"][0]["store_timestamp"]
 
