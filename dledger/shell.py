@@ -457,7 +457,6 @@ class RaftNode:
                     if await asyncio.to_thread(self.store.checkpoint, self.core.commit_index):
                         us = int((time.perf_counter() - t0) * 1e6)
                         self.metrics["checkpoints"] += 1
-                        self.metrics["checkpoint_us_total"] += us
                         self.metrics["checkpoint_us_max"] = max(self.metrics["checkpoint_us_max"], us)
             except StoreError as e:
                 self._die(e)

@@ -40,10 +40,8 @@ class LoopWatchdog:
     def __init__(self, warn_s: float = 0.2, beat_s: float = 0.02, warn_every_s: float = 10.0):
         assert 0 < beat_s < warn_s
         self.warn_s, self.beat_s = warn_s, beat_s
-        self.stalls = 0
-        self.stalled_s_total = 0.0
+        self.histogram = LatencyHistogram(STALL_BUCKETS_S)      # count and total of the stalls
         self.stalled_s_max = 0.0
-        self.histogram = LatencyHistogram(STALL_BUCKETS_S)
         self._warnings = LogThrottle(warn_every_s)
         self._beat = time.monotonic()
         self._stack: list[str] | None = None     # taken by the thread during the current stall
@@ -68,8 +66,12 @@ class LoopWatchdog:
         if self._thread is not None:
             self._thread.join(1.0)
 
+    @property
+    def stalls(self) -> int:
+        return self.histogram.count
+
     def status(self) -> dict:
-        return {"stalls": self.stalls, "stalled_s_total": round(self.stalled_s_total, 3),
+        return {"stalls": self.stalls, "stalled_s_total": round(self.histogram.sum_s, 3),
                 "stalled_s_max": round(self.stalled_s_max, 3), "warn_s": self.warn_s}
 
     # --- on the loop --------------------------------------------------------------------------
@@ -84,8 +86,6 @@ class LoopWatchdog:
             self._handle = self._loop.call_later(self.beat_s, self._tick)
 
     def _record(self, stalled_s: float, stack: list[str] | None) -> None:
-        self.stalls += 1
-        self.stalled_s_total += stalled_s
         self.stalled_s_max = max(self.stalled_s_max, stalled_s)
         self.histogram.observe(stalled_s)
         held = self._warnings.due(time.monotonic())

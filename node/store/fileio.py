@@ -18,6 +18,7 @@ import functools
 import os
 import random
 import shutil
+import threading
 from typing import Protocol
 
 
@@ -91,6 +92,36 @@ class OsFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+class DeferredDirSync:
+    """The names of files created in one directory, made durable by the owner's next flush
+    instead of at creation: an fsync of the directory on an append path blocked the event
+    loop for up to 680 ms behind another writer. At most one name waits (a second new file
+    fsyncs the directory at once), so a crash can lose only the newest file, never one
+    between two others. `sync()` may run on a flush thread."""
+
+    def __init__(self, fs: "FileSystem", directory: str):
+        self.fs, self.directory = fs, directory
+        self._pending = False
+        self._lock = threading.Lock()
+
+    def created(self, defer: bool = True) -> None:
+        """A file was just created here; call it before the file counts toward what a flush
+        claims durable. `defer=False`: its name is made durable now."""
+        with self._lock:
+            if defer and not self._pending:
+                self._pending = True
+                return
+            self._pending = False
+            self.fs.fsync_dir(self.directory)
+
+    def sync(self) -> None:
+        """Before a flush claims bytes durable: the waiting name, if any."""
+        with self._lock:
+            if self._pending:
+                self._pending = False
+                self.fs.fsync_dir(self.directory)
 
 
 class FileSystem:

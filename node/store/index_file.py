@@ -33,7 +33,7 @@ from array import array
 
 from node.store import layout as L
 from node.store.errors import StoreFatal, is_enospc
-from node.store.fileio import FileHandle, FileSystem
+from node.store.fileio import DeferredDirSync, FileHandle, FileSystem
 from node.store.message import KEY_SEPARATOR, java_string_hash
 
 log = logging.getLogger(__name__)
@@ -350,7 +350,7 @@ class IndexService:
         # so do write_out() and whatever closes a file, so no fsync meets a closed descriptor.
         self._io = threading.Lock()
         self._sync_due: IndexFile | None = None     # written out, not yet fsynced
-        self._dir_unsynced = False   # a new file's name waits for sync() (as SegmentedFile's do)
+        self._names = DeferredDirSync(fs, self.directory)     # a new file's name: made durable by sync()
 
     # --- startup ----------------------------------------------------------------------------
     def load(self, log_end_physical: int | None = None) -> list[str]:
@@ -441,11 +441,8 @@ class IndexService:
         path = os.path.join(self.directory, file_name_for(ms))
         self.fs.makedirs(self.directory)
         f = IndexFile.create(self.fs, path, self.hash_slots, self.max_entries)
+        self._names.created()
         self.files.append(f)
-        with self._io:
-            if self._dir_unsynced:       # at most one name waits, so a crash never loses an older file
-                self.fs.fsync_dir(self.directory)
-            self._dir_unsynced = True
         log.info("index: new file %s", f.name)
         return f
 
@@ -500,9 +497,7 @@ class IndexService:
         """fsync what write_out() wrote. Safe on a worker thread beside build_index()."""
         with self._io:
             f, self._sync_due = self._sync_due, None
-            if self._dir_unsynced:
-                self._dir_unsynced = False
-                self.fs.fsync_dir(self.directory)
+            self._names.sync()
             if f is not None and not f.closed:
                 f.sync()
 

@@ -21,7 +21,7 @@ import threading
 from dataclasses import dataclass
 
 from node.store.errors import StoreFatal
-from node.store.fileio import FileHandle, FileSystem, ShortWrite
+from node.store.fileio import DeferredDirSync, FileHandle, FileSystem, ShortWrite
 
 NAME_DIGITS = 20
 
@@ -98,10 +98,7 @@ class SegmentedFile:
         # delete_head, reset_to, close) takes it, so no fsync meets a closed descriptor.
         self._io = threading.Lock()
         self._closed = False
-        # A segment created by an append whose directory entry is not yet fsynced: the next
-        # flush() fsyncs the directory before it claims any byte durable. At most one is
-        # pending, so a crash can lose only the newest file, never one between two others.
-        self._dir_unsynced = False
+        self._names = DeferredDirSync(fs, directory)    # an append's new segment: named durable by flush()
 
     # --- opening ------------------------------------------------------------------------
     def load(self) -> None:
@@ -171,23 +168,17 @@ class SegmentedFile:
 
     def _create(self, base: int, dir_sync_deferred: bool = False) -> Segment:
         """A new last segment. Its directory entry is fsynced here, or, for an append
-        (`dir_sync_deferred`), by the next flush(): an fsync of the directory on the append
-        path blocked the owner's event loop for up to 680 ms behind another writer."""
+        (`dir_sync_deferred`), by the next flush() (DeferredDirSync)."""
         self.fs.makedirs(self.directory)
         path = os.path.join(self.directory, segment_name(base))
         handle = self.fs.open(path)
         handle.truncate(self.segment_size)  # sparse, full size
         seg = Segment(base, self.segment_size, path, handle)
-        sync_now = not dir_sync_deferred or self._dir_unsynced
-        if not sync_now:
-            self._dir_unsynced = True        # before the segment counts toward `end` (flush reads it)
+        self._names.created(defer=dir_sync_deferred)    # before the segment counts toward `end`
         if not self.segments:
             self.flushed = base
         self.segments.append(seg)
         self._bases.append(base)
-        if sync_now:
-            self.fs.fsync_dir(self.directory)
-            self._dir_unsynced = False
         return seg
 
     # --- IO -----------------------------------------------------------------------------
@@ -212,9 +203,7 @@ class SegmentedFile:
                 return self.flushed
             i = max(0, bisect.bisect_right(self._bases, self.flushed) - 1)
             try:
-                if self._dir_unsynced:
-                    self._dir_unsynced = False
-                    self.fs.fsync_dir(self.directory)
+                self._names.sync()
                 for seg in self.segments[i:]:
                     seg.handle.fsync()
             except OSError as e:
