@@ -36,6 +36,7 @@ from ha.replication import (CloseLink, ConnState, HAClientCore, HAConnectionCore
 from node import limits, peer_auth, tls
 from node.peer_auth import NO_SECURITY, PeerSecurity
 from node.store import layout as L
+from node.store.cold_reads import read_without_stalling
 from node.store.errors import StoreError
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,11 @@ class HAService:
             if isinstance(act, SendPush):
                 # One read of up to PUSH_READ_BYTES, written as pushes of at most `cap` bytes each
                 # and drained once: the per-push work is a header and a slice.
-                data = self.source.ha_read(act.offset, act.size) if act.size else b""
+                # Cold bytes (a slave catching up from far back) are read into the page cache
+                # by a worker first, not on the loop (node/store/cold_reads.py).
+                data = await read_without_stalling(self.source.ha_read, act.offset, act.size) if act.size else b""
+                if core.state is ConnState.CLOSED:
+                    return
                 if act.size and not data:
                     core.close(f"cannot read {act.size} bytes at {act.offset}")
                     return

@@ -34,6 +34,7 @@ from node.metrics import TrafficStats
 from node.replicated_log import ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
+from node.store.cold_reads import read_without_stalling
 from node.store.errors import (ApplyTimeout, BadRequest, CorruptRecord, InvalidMessage, MessageNotFound,
                                MessageTooLarge, NoPermission, NotLeader, StoreError, TopicNotExist, is_enospc)
 from node.store.message import MessageDraft, StoredMessage
@@ -899,7 +900,10 @@ class Broker:
         wait = min(wait, self.config.long_polling_max_wait_ms) if self.config.long_polling_enable else 0
         deadline = time.monotonic() + wait / 1000.0
         while True:
-            result = self._pull_once(cfg.topic, qid, offset, n, sub)
+            # Off the loop only when a read would wait for the disk (node/store/cold_reads.py).
+            result = await read_without_stalling(self._pull_once, cfg.topic, qid, offset, n, sub)
+            if result.messages:
+                self.traffic.pulled(cfg.topic, len(result.messages), sum(len(m.body) for m in result.messages))
             remaining = deadline - time.monotonic()
             if result.status != PULL_NO_NEW_MSG or remaining <= 0 or self._waiters.full() or not self.ready:
                 return result
@@ -908,6 +912,7 @@ class Broker:
             await self._waiters.wait((cfg.topic, qid), remaining)
 
     def _pull_once(self, topic: str, qid: int, offset: int, n: int, sub: Subscription) -> PullResult:
+        """One look at the queue. Only reads (it may run twice, and on a worker thread)."""
         lo, hi = self._queue_bounds(topic, qid)
         if offset < lo:
             return PullResult(PULL_OFFSET_ILLEGAL, lo, lo, hi, [])
@@ -917,7 +922,6 @@ class Broker:
             return PullResult(PULL_NO_NEW_MSG, offset, lo, hi, [])
         messages, next_offset = self._collect(self.cq_store.get(topic, qid), offset, hi, n, sub)
         status = PULL_FOUND if messages else PULL_NO_MATCHED_MSG
-        self.traffic.pulled(topic, len(messages), sum(len(m.body) for m in messages))
         return PullResult(status, next_offset, lo, hi, messages)
 
     def _collect(self, cq: Any, offset: int, hi: int, n: int, sub: Subscription) -> tuple[list[StoredMessage], int]:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric)
 
+from node.store import cold_reads
 from node.store.fileio import FileHandle, FileSystem
 
 OTHER_TOPIC = "_other_"                 # label for topics beyond MAX_TOPIC_SERIES
@@ -259,6 +260,12 @@ class NodeCollector:
         if isinstance(fs, TimedFileSystem):
             yield fs.fsync_seconds.family("rocketmq_fsync_latency_seconds",
                                           "Time of each fsync (data files and directories)")
+        fills = cold_reads.STATS      # node/store/cold_reads.py
+        yield CounterMetricFamily("rocketmq_store_cold_read_fills", "Reads (pulls, HA pushes) whose bytes were "
+                                  "outside the page cache, read in by a worker thread off the event loop",
+                                  value=fills.count)
+        yield CounterMetricFamily("rocketmq_store_cold_read_fill_seconds", "Time those page-cache fills took",
+                                  value=fills.seconds_total)
         watchdog = getattr(b, "loop_watchdog", None)
         if watchdog is not None:   # node/loop_watchdog.py
             yield watchdog.histogram.family("rocketmq_event_loop_stall_seconds",

@@ -21,6 +21,8 @@ import shutil
 import threading
 from typing import Protocol
 
+from node.store import cold_reads
+
 
 class ShortWrite(OSError):
     """A write that stored only its first `written` bytes before failing (ENOSPC).
@@ -77,6 +79,8 @@ class OsFile:
     def pread(self, size: int, offset: int) -> bytes:
         if size < 0 or offset < 0:
             raise ValueError(f"pread of {self.path}: size {size} and offset {offset} must be >= 0")
+        if cold_reads.must_not_wait():      # on the event loop: from the page cache, or DiskWait
+            return cold_reads.pread_nowait(self.fd, size, offset)
         return os.pread(self.fd, size, offset)
 
     def fsync(self) -> None:

@@ -16,10 +16,12 @@ much of a 1 GiB file it covers).
 from __future__ import annotations
 
 import bisect
+import functools
 import os
 import threading
 from dataclasses import dataclass
 
+from node.store import cold_reads
 from node.store.errors import StoreFatal
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem, ShortWrite
 
@@ -184,7 +186,26 @@ class SegmentedFile:
     # --- IO -----------------------------------------------------------------------------
     def read(self, offset: int, size: int) -> bytes:
         """Up to `size` bytes of data at `offset`, never crossing a segment boundary nor the
-        data end; b"" where there is no data (before the first file, past the end)."""
+        data end; b"" where there is no data (before the first file, past the end).
+
+        Read where reads must not wait (node/store/cold_reads.py), bytes outside the page cache
+        raise DiskWait, carrying `_warm` of the same range for a worker to run."""
+        try:
+            return self._read(offset, size)
+        except cold_reads.DiskWait as e:
+            e.warm = functools.partial(self._warm, offset, size)
+            raise
+
+    def _warm(self, offset: int, size: int) -> None:
+        """On a cold-read worker: read [offset, offset + max(size, WARM_BYTES)) into the page
+        cache (within one segment's data). It holds the lock that whatever closes a segment
+        takes (the loop may expire or cut files meanwhile); a flush's fsync holds it too, so
+        a fill may wait for one, on the worker."""
+        with self._io:
+            if not self._closed:
+                self._read(offset, max(size, cold_reads.WARM_BYTES))
+
+    def _read(self, offset: int, size: int) -> bytes:
         seg = self.segment_for(offset)
         if seg is None:
             return b""

@@ -1,0 +1,234 @@
+"""Reads that would wait for the disk leave the event loop (node/store/cold_reads.py).
+
+Goal: a pull of data no longer in the page cache, and an HA push of it, do not block the node's
+event loop for the disk's time; the common case (data in memory) stays on the loop; the read's
+own code (parsing, metrics, damage reports) runs on the loop either way.
+Regression: a random-fault run saw a 392 ms stall of a node's loop in `pread`, under a pull.
+Method: the real RWF_NOWAIT read against a file dropped from the page cache; then a file system
+whose commitlog reads are "cold" (the nowait read refuses; a worker's read takes 0.4 s and warms
+the range), under a real broker and a LoopWatchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from node.broker import OutgoingMessage
+from node.config import BrokerConfig
+from node.loop_watchdog import LoopWatchdog
+from node.server import build_broker
+from node.store import cold_reads
+from node.store.fileio import FileSystem, OsFile
+from node.store.segment import SegmentedFile
+
+COLD_READ_S = 0.4
+
+
+# --- the kernel's answer ------------------------------------------------------------------------
+def test_a_nowait_read_refuses_bytes_outside_the_page_cache_and_serves_them_once_read(tmp_path):
+    path = str(tmp_path / "f")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.pwrite(fd, os.urandom(1 << 20), 0)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)     # clean pages: dropped now
+        try:
+            cold_reads.pread_nowait(fd, 4096, 512 * 1024)
+        except cold_reads.DiskWait:
+            pass
+        else:
+            if not cold_reads.nowait_supported():
+                pytest.skip("this kernel or file system has no RWF_NOWAIT: reads stay on the loop")
+            pytest.fail("a read of dropped pages came back without waiting")
+        want = os.pread(fd, 4096, 512 * 1024)                   # a normal read brings them in
+        assert cold_reads.pread_nowait(fd, 4096, 512 * 1024) == want
+        assert cold_reads.pread_nowait(fd, 0, 0) == b""
+    finally:
+        os.close(fd)
+
+
+# --- a disk the test controls -------------------------------------------------------------------
+class _ColdFile:
+    """Reads of ranges not warmed yet: refused where reads must not wait, else slow (a disk)."""
+
+    def __init__(self, inner: OsFile, fs: "ColdDisk"):
+        self._inner, self._fs = inner, fs
+
+    def pread(self, size: int, offset: int) -> bytes:
+        key = (self._inner.path, offset // 4096)
+        if self._fs.cold and key not in self._fs.warm:
+            if cold_reads.must_not_wait():
+                raise cold_reads.DiskWait(f"{self._inner.path}@{offset} is cold")
+            self._fs.disk_reads.append(threading.get_ident())
+            time.sleep(COLD_READ_S)
+            self._fs.warm.update((self._inner.path, p) for p in range(offset // 4096, (offset + size) // 4096 + 1))
+        return self._inner.pread(size, offset)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class ColdDisk(FileSystem):
+    """Commitlog files whose pages are all cold once `cold` is set (until a read warms them)."""
+
+    def __init__(self):
+        self.cold = False
+        self.warm: set[tuple[str, int]] = set()
+        self.disk_reads: list[int] = []      # the thread of each slow read
+
+    def open(self, path):
+        handle = super().open(path)
+        return _ColdFile(handle, self) if "/commitlog/" in path else handle
+
+
+def test_a_cold_segment_read_is_warmed_on_a_worker_and_then_served_on_the_loop(tmp_path):
+    fs = ColdDisk()
+    sf = SegmentedFile(fs, str(tmp_path / "commitlog"), 64 * 1024)
+    sf.load()
+    data = os.urandom(64 * 1024)
+    sf.ensure_writable(0).append(data)
+    loop_thread, served_on = threading.get_ident(), []
+
+    def read(offset: int, size: int) -> bytes:
+        got = sf.read(offset, size)
+        served_on.append(threading.get_ident())   # only a try that was not cut short gets here
+        return got
+
+    async def scenario() -> tuple[bytes, int]:
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.get_running_loop().create_task(ticker())
+        fs.cold = True
+        got = await cold_reads.read_without_stalling(read, 1000, 3000)
+        t.cancel()
+        return got, ticks
+
+    fills = cold_reads.STATS.count
+    got, ticks = asyncio.run(scenario())
+    sf.close()
+    assert got == data[1000:4000]
+    assert served_on == [loop_thread], "the read completed once, on the loop"
+    assert fs.disk_reads and loop_thread not in fs.disk_reads, "the slow read ran on a worker"
+    assert ticks >= COLD_READ_S / 0.01 / 2, f"the loop ran {ticks} ticks during a {COLD_READ_S} s disk read"
+    assert cold_reads.STATS.count == fills + 1
+
+
+def test_without_a_way_to_warm_the_read_runs_on_the_loop_as_before():
+    calls = []
+
+    def read():
+        calls.append(cold_reads.must_not_wait())
+        if cold_reads.must_not_wait():
+            raise cold_reads.DiskWait("no warm attached")      # e.g. a handle outside SegmentedFile
+        return b"x"
+
+    assert asyncio.run(cold_reads.read_without_stalling(read)) == b"x"
+    assert calls == [True, False]
+    assert not cold_reads.must_not_wait()
+
+
+# --- a broker over the cold disk ------------------------------------------------------------------
+def test_regression_a_pull_of_cold_data_does_not_block_the_event_loop(tmp_path):
+    fs = ColdDisk()
+    cfg = BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=256 * 1024,
+                       maped_file_size_consume_queue=20 * 1024, max_message_size=4096).validate()
+
+    async def scenario():
+        b = build_broker(cfg, fs=fs)
+        await b.start()
+        try:
+            await b.create_topic("T", 1)
+            sent = [b"%04d" % i * 250 for i in range(300)]     # 1 KB bodies over two commitlog files
+            for i in range(0, len(sent), 50):
+                await b.send("T", [OutgoingMessage(body=x, queue_id=0) for x in sent[i:i + 50]])
+            for _ in range(400):
+                if b.dispatcher.position >= b.log.committed_position:
+                    break
+                await asyncio.sleep(0.005)
+            wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+            wd.start()
+            try:
+                fs.cold = True                       # the commitlog's pages leave the page cache
+                t0 = time.monotonic()
+                r = await b.pull("T", 0, 0, 32)
+                elapsed = time.monotonic() - t0
+                await asyncio.sleep(0.05)            # the watchdog's tick runs and sees any stall
+            finally:
+                wd.stop()
+            return sent, r, elapsed, wd
+        finally:
+            await b.stop()
+
+    sent, r, elapsed, wd = asyncio.run(scenario())
+    assert [m.body for m in r.messages] == sent[:32]
+    assert fs.disk_reads, "the pull did read the cold disk"
+    assert elapsed >= COLD_READ_S
+    assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+    assert cold_reads.STATS.seconds_max >= COLD_READ_S * 0.9
+
+
+def test_metrics_count_the_fills(tmp_path):
+    from prometheus_client import generate_latest
+    from prometheus_client.core import CollectorRegistry
+    from node.metrics import NodeCollector
+    async def scrape() -> str:
+        b = build_broker(BrokerConfig(store_path_root_dir=str(tmp_path)).validate())
+        await b.start()
+        try:
+            reg = CollectorRegistry()
+            reg.register(NodeCollector(b))
+            return generate_latest(reg).decode()
+        finally:
+            await b.stop()
+
+    text = asyncio.run(scrape())
+    assert f"rocketmq_store_cold_read_fills_total {float(cold_reads.STATS.count)}" in text
+    assert "rocketmq_store_cold_read_fill_seconds_total" in text
+
+
+def test_a_pull_after_the_page_cache_dropped_the_commitlog_is_filled_by_a_worker_on_a_real_disk(tmp_path):
+    """The same through the real file system: flushed commitlog pages dropped with
+    POSIX_FADV_DONTNEED, then pulled."""
+    cfg = BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=1 << 20,
+                       maped_file_size_consume_queue=20 * 1024, max_message_size=4096).validate()
+
+    async def scenario():
+        b = build_broker(cfg)
+        await b.start()
+        try:
+            await b.create_topic("T", 1)
+            sent = [b"%04d" % i * 250 for i in range(400)]
+            for i in range(0, len(sent), 100):
+                await b.send("T", [OutgoingMessage(body=x, queue_id=0) for x in sent[i:i + 100]])
+            for _ in range(400):
+                if b.dispatcher.position >= b.log.committed_position:
+                    break
+                await asyncio.sleep(0.005)
+            await asyncio.to_thread(b.log.commitlog.files.flush)
+            directory = os.path.join(str(tmp_path), "commitlog")
+            for name in os.listdir(directory):
+                fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                os.close(fd)
+            fills = cold_reads.STATS.count
+            r = await b.pull("T", 0, 0, 32)
+            return sent, r, cold_reads.STATS.count - fills
+        finally:
+            await b.stop()
+
+    sent, r, fills = asyncio.run(scenario())
+    assert [m.body for m in r.messages] == sent[:32]
+    if not cold_reads.nowait_supported():
+        pytest.skip("this kernel or file system has no RWF_NOWAIT: reads stay on the loop")
+    assert fills >= 1, "the dropped pages were read in by a worker"
