@@ -5,7 +5,9 @@ from the start of a segment) waits for the disk: 392 ms once in a random-fault r
 other request, heartbeat and replication message of the node stalled behind it. RocketMQ serves
 pulls on a thread pool (PullMessageProcessor's executor) for that reason.
 
-Here a read is first tried on the loop with `RWF_NOWAIT` (preadv2): the kernel answers from the
+Here a read of older bytes (more than HOT_BYTES behind its files' end: newer ones are taken as
+in the page cache, as RocketMQ's accessMessageInMemoryMaxRatio takes the newest part of the
+commitlog) is first tried on the loop with `RWF_NOWAIT` (preadv2): the kernel answers from the
 page cache or refuses at once. A refused read raises `DiskWait`, which carries how to bring
 those bytes into the page cache; a small pool of worker threads does that while the loop
 serves everything else, and the read is tried on the loop again:
@@ -40,6 +42,7 @@ WORKER_THREADS = 4          # page-cache fills at once (they only wait for the d
 MAX_PENDING = 256           # fills queued or running per loop; more wait for a slot (a bound, not a drop)
 MAX_WARM_ROUNDS = 64        # a pull touches at most a few dozen cold ranges; then it reads on the loop
 WARM_BYTES = 256 * 1024     # a fill reads at least this much from the cold offset on (the records after it)
+HOT_BYTES = 64 << 20        # reads this close to a file set's end are taken as cached and read plainly
 _NOWAIT_FLAG = getattr(os, "RWF_NOWAIT", None)
 
 

@@ -79,9 +79,13 @@ class OsFile:
     def pread(self, size: int, offset: int) -> bytes:
         if size < 0 or offset < 0:
             raise ValueError(f"pread of {self.path}: size {size} and offset {offset} must be >= 0")
-        if cold_reads.must_not_wait():      # on the event loop: from the page cache, or DiskWait
-            return cold_reads.pread_nowait(self.fd, size, offset)
         return os.pread(self.fd, size, offset)
+
+    def pread_nowait(self, size: int, offset: int) -> bytes:
+        """From the page cache, or cold_reads.DiskWait at once (RWF_NOWAIT)."""
+        if size < 0 or offset < 0:
+            raise ValueError(f"pread of {self.path}: size {size} and offset {offset} must be >= 0")
+        return cold_reads.pread_nowait(self.fd, size, offset)
 
     def fsync(self) -> None:
         os.fdatasync(self.fd)

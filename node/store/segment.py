@@ -68,13 +68,20 @@ class Segment:
         self.write_pos += len(data)
         return at
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int, nowait: bool = False) -> bytes:
         """Up to `size` bytes at `offset` within the file (past the data end too: recovery
-        scans there); b"" at or past the file end or for a size <= 0."""
+        scans there); b"" at or past the file end or for a size <= 0. With `nowait`, from the
+        page cache or cold_reads.DiskWait (where the handle can tell; else a plain read)."""
         rel = offset - self.base
         assert 0 <= rel <= self.capacity
         n = min(size, self.capacity - rel)
-        return self.handle.pread(n, rel) if n > 0 else b""
+        if n <= 0:
+            return b""
+        if nowait:
+            reader = getattr(self.handle, "pread_nowait", None)
+            if reader is not None:
+                return reader(n, rel)
+        return self.handle.pread(n, rel)
 
 
 @dataclass
@@ -188,10 +195,14 @@ class SegmentedFile:
         """Up to `size` bytes of data at `offset`, never crossing a segment boundary nor the
         data end; b"" where there is no data (before the first file, past the end).
 
-        Read where reads must not wait (node/store/cold_reads.py), bytes outside the page cache
-        raise DiskWait, carrying `_warm` of the same range for a worker to run."""
-        try:
+        Read where reads must not wait (node/store/cold_reads.py), at least HOT_BYTES behind
+        the data end (newer bytes are taken as in the page cache, and read plainly: a nowait
+        read costs a copy more), bytes outside the page cache raise DiskWait, carrying `_warm`
+        of the same range for a worker to run."""
+        if not cold_reads.must_not_wait() or offset >= self.end - cold_reads.HOT_BYTES:
             return self._read(offset, size)
+        try:
+            return self._read(offset, size, True)
         except cold_reads.DiskWait as e:
             e.warm = functools.partial(self._warm, offset, size)
             raise
@@ -205,12 +216,12 @@ class SegmentedFile:
             if not self._closed:
                 self._read(offset, max(size, cold_reads.WARM_BYTES))
 
-    def _read(self, offset: int, size: int) -> bytes:
+    def _read(self, offset: int, size: int, nowait: bool = False) -> bytes:
         seg = self.segment_for(offset)
         if seg is None:
             return b""
         n = min(size, seg.end - offset)
-        return seg.read(offset, n) if n > 0 else b""
+        return seg.read(offset, n, nowait) if n > 0 else b""
 
     def flush(self) -> int:
         """fsync every segment holding unflushed data; return the new flushed offset.

@@ -29,6 +29,12 @@ from node.store.segment import SegmentedFile
 COLD_READ_S = 0.4
 
 
+@pytest.fixture(autouse=True)
+def every_byte_counts_as_old(monkeypatch):
+    """These logs are far smaller than HOT_BYTES, the span behind the end read plainly."""
+    monkeypatch.setattr(cold_reads, "HOT_BYTES", 0)
+
+
 # --- the kernel's answer ------------------------------------------------------------------------
 def test_a_nowait_read_refuses_bytes_outside_the_page_cache_and_serves_them_once_read(tmp_path):
     path = str(tmp_path / "f")
@@ -59,11 +65,16 @@ class _ColdFile:
     def __init__(self, inner: OsFile, fs: "ColdDisk"):
         self._inner, self._fs = inner, fs
 
+    def _cold(self, offset: int) -> bool:
+        return self._fs.cold and (self._inner.path, offset // 4096) not in self._fs.warm
+
+    def pread_nowait(self, size: int, offset: int) -> bytes:
+        if self._cold(offset):
+            raise cold_reads.DiskWait(f"{self._inner.path}@{offset} is cold")
+        return self._inner.pread(size, offset)
+
     def pread(self, size: int, offset: int) -> bytes:
-        key = (self._inner.path, offset // 4096)
-        if self._fs.cold and key not in self._fs.warm:
-            if cold_reads.must_not_wait():
-                raise cold_reads.DiskWait(f"{self._inner.path}@{offset} is cold")
+        if self._cold(offset):
             self._fs.disk_reads.append(threading.get_ident())
             time.sleep(COLD_READ_S)
             self._fs.warm.update((self._inner.path, p) for p in range(offset // 4096, (offset + size) // 4096 + 1))
@@ -84,6 +95,29 @@ class ColdDisk(FileSystem):
     def open(self, path):
         handle = super().open(path)
         return _ColdFile(handle, self) if "/commitlog/" in path else handle
+
+
+def test_reads_of_the_newest_bytes_are_plain_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(cold_reads, "HOT_BYTES", 32 * 1024)
+    fs = ColdDisk()
+    sf = SegmentedFile(fs, str(tmp_path / "commitlog"), 64 * 1024)
+    sf.load()
+    sf.ensure_writable(0).append(os.urandom(64 * 1024))
+    fs.cold = True
+
+    async def both() -> list:
+        out = []
+        for offset in (40 * 1024, 1000):        # within HOT_BYTES of the end, then behind it
+            t0 = time.monotonic()
+            await cold_reads.read_without_stalling(sf.read, offset, 100)
+            out.append(time.monotonic() - t0)
+        return out
+
+    fills = cold_reads.STATS.count
+    newest, older = asyncio.run(both())
+    sf.close()
+    assert newest >= COLD_READ_S, "the newest bytes were read plainly (here: a slow disk read, on the loop)"
+    assert cold_reads.STATS.count == fills + 1, "only the older read was a fill"
 
 
 def test_a_cold_segment_read_is_warmed_on_a_worker_and_then_served_on_the_loop(tmp_path):
