@@ -57,7 +57,7 @@ from dledger.messages import (
     append_of_checked_entries,
 )
 from dledger.quorum import VoteResult, commit_index, majority, vote_result
-from dledger.raft_storage import Compacted, RaftLog, RaftStorage
+from dledger.raft_storage import Compacted, NotCached, RaftLog, RaftStorage
 
 __all__ = [
     "ConfigError",
@@ -292,6 +292,7 @@ class _Progress:
     awaiting_since: int | None = None  # tick an outstanding probe/truncate/base was sent
     inflight: deque[tuple[int, int]] = field(default_factory=deque)  # (push last index, sent tick)
     recent_active: bool = False  # heard from since the last quorum check
+    storage_wait: bool = False  # its next entries are being read in (NotCached): no push until entries_fetched()
 
 
 class _Push(enum.Enum):
@@ -482,6 +483,12 @@ class RaftCore:
         self._log.append(entries)
         self._check_invariants()
         return first, entries[-1].index
+
+    def entries_fetched(self) -> None:
+        """The storage has read in entries it answered NotCached for: push again."""
+        self._check_idle()
+        for progress in self._progress.values():
+            progress.storage_wait = False
 
     def transfer_leadership(self, target: str) -> None:
         """Stop accepting proposals, bring `target` up to date, then TimeoutNow.
@@ -839,6 +846,7 @@ class RaftCore:
             progress.state is PeerState.APPEND
             and len(progress.inflight) < self._cfg.max_inflight_pushes
             and progress.next <= self._log.last_index()
+            and not progress.storage_wait
         )
 
     def _send_pushes(self, peer: str, progress: _Progress) -> None:
@@ -852,7 +860,13 @@ class RaftCore:
                 self._send_probe(peer, progress)
                 return
             hi = min(self._log.last_index() + 1, progress.next + self._cfg.max_batch_entries)
-            batch = self._log.entries(progress.next, hi, self._cfg.max_batch_bytes)
+            try:
+                batch = self._log.entries(progress.next, hi, self._cfg.max_batch_bytes, may_defer=True)
+            except NotCached:
+                # Old entries not in memory (a follower far behind): the storage reads them in
+                # off the event loop and the shell calls entries_fetched(); the pipeline waits.
+                progress.storage_wait = True
+                return
             prev = progress.next - 1
             # Our own log: contiguous, terms between prev's and ours; no per-entry re-check.
             push = append_of_checked_entries(self._term, self._id, prev, self._term_known(prev), tuple(batch),

@@ -40,12 +40,13 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dledger import entry as E
 from dledger.messages import Entry, EntryType, HardState
-from dledger.raft_storage import Compacted
+from dledger.raft_storage import Compacted, NotCached
 from dledger.repair import damaged_body
+from node.store import cold_reads
 from node.store import layout as L
 from node.store.crc import crc32 as _crc32
 from node.store.errors import CorruptRecord, DiskFull, StoreError, StoreFatal, is_enospc
@@ -167,6 +168,9 @@ class EntryStore:
         self.reserve = reserve
         self.data = SegmentedFile(fs, os.path.join(self.dir, "data"), data_segment_size)
         self.index = SegmentedFile(fs, os.path.join(self.dir, "index"), index_segment_size)
+        # Set by the shell on its event loop: gets a DiskWait's `warm` when a push's entries are
+        # not in the page cache (entries(..., may_defer=True)); None: such reads wait, as before.
+        self.cold_reader: Callable[[Callable[[], None]], None] | None = None
         self.meta_path = os.path.join(self.dir, "meta")
         self.segment_size = data_segment_size
         self.meta = Meta()
@@ -216,7 +220,10 @@ class EntryStore:
         assert i >= 0
         return self._run_terms[i]
 
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+    def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
+        """With `may_defer` and a `cold_reader` (the shell's, on its event loop), entries whose
+        bytes are outside the page cache are not waited for: NotCached, and `cold_reader`
+        gets the DiskWait's `warm` to run off the loop (node/store/cold_reads.py)."""
         if lo < self.first_index():
             raise Compacted(lo, self.first_index())
         if not lo < hi <= self._last_index + 1:
@@ -224,6 +231,16 @@ class EntryStore:
         cache_first = self._cache[0].index if self._cache else self._last_index + 1
         if lo >= cache_first:
             return _within_budget(self._cache[lo - cache_first:hi - cache_first], max_bytes)
+        if may_defer and self.cold_reader is not None:
+            warm = None
+            with cold_reads.no_disk_waits():
+                try:
+                    return self._read_entries(lo, hi, max_bytes)
+                except cold_reads.DiskWait as e:
+                    warm = e.warm
+            if warm is not None:
+                self.cold_reader(warm)
+                raise NotCached(lo)
         return self._read_entries(lo, hi, max_bytes)
 
     def cached_entries(self, lo: int, hi: int) -> list[Entry]:

@@ -50,6 +50,16 @@ class Compacted(Exception):
         self.first_index = first_index
 
 
+class NotCached(Exception):
+    """The requested entries are stored but cannot be read now without waiting for the disk
+    (a storage asked with `may_defer`). The storage has started bringing them in; the core
+    pushes nothing to that follower until `RaftCore.entries_fetched()`."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"entry {index} is not in memory; it is being read in")
+        self.index = index
+
+
 @runtime_checkable
 class RaftStorage(Protocol):
     """Read side of stable storage, as the core sees it."""
@@ -68,9 +78,10 @@ class RaftStorage(Protocol):
 
         Raises Compacted below the base. `index` <= last_index() always."""
 
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+    def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
         """Entries lo .. hi-1 (first_index() <= lo < hi <= last_index()+1), stopping
-        before max_bytes would be exceeded but always returning at least one."""
+        before max_bytes would be exceeded but always returning at least one. With
+        `may_defer` (a push), it may raise NotCached instead of waiting for the disk."""
 
     def base_state(self) -> bytes:
         """The state stored with the base (what InstallBase sends); b"" for none."""
@@ -130,7 +141,7 @@ class MemoryStorage:
             return self._base_term
         return self._entries[index - self._base_index - 1].term
 
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+    def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
         if lo < self.first_index():
             raise Compacted(lo, self.first_index())
         if not lo < hi <= self.last_index() + 1:
@@ -232,13 +243,15 @@ class RaftLog:
         except Compacted:
             return False
 
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
-        """Entries lo .. hi-1 within max_bytes (at least one)."""
+    def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
+        """Entries lo .. hi-1 within max_bytes (at least one); with `may_defer`, NotCached
+        where the stored ones would have to wait for the disk."""
         assert self.first_index() <= lo < hi <= self.last_index() + 1, (lo, hi)
         result: list[Entry] = []
         if lo < self._offset:
             stop = min(hi, self._offset)
-            result = self._storage.entries(lo, stop, max_bytes)
+            result = self._storage.entries(lo, stop, max_bytes, may_defer) if may_defer else \
+                self._storage.entries(lo, stop, max_bytes)
             if lo + len(result) < stop:
                 return result  # the byte budget ran out inside storage
             lo = stop

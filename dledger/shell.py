@@ -59,6 +59,7 @@ from dledger.entry_store import EntryStore
 from dledger.messages import REPAIR_MESSAGES, Append, EntryType, TimeoutNow
 from dledger.transport import Transport, TransportConfig
 from node.log_throttle import LogThrottle
+from node.store import cold_reads
 from node.store.errors import DiskFull, StoreError, StoreFatal
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 SYNC_FLUSH = "SYNC_FLUSH"
 ASYNC_FLUSH = "ASYNC_FLUSH"
 REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refused appends
+MAX_FILLS = 2                   # pushes' entries being read into the page cache at once (node/store/cold_reads.py)
 
 
 class _Stalled(Exception):
@@ -156,6 +158,8 @@ class RaftNode:
         # when one finished and the core has not been told yet.
         self._flush_wanted = asyncio.Event()
         self._durable_grew = False
+        self._fills: set[asyncio.Task] = set()      # entries for a push being read into the page cache
+        self._fetched = False                        # one ended: tell the core in the next round
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
@@ -169,6 +173,7 @@ class RaftNode:
                                    on_received=self._on_received)
         await self.transport.start()
         self._running = True
+        self.store.cold_reader = self._on_cold
         self._tasks = [asyncio.create_task(self._run(), name=f"raft-{self.node_id}"),
                        asyncio.create_task(self._ticker(), name=f"raft-tick-{self.node_id}"),
                        asyncio.create_task(self._flusher(), name=f"raft-flush-{self.node_id}")]
@@ -178,9 +183,10 @@ class RaftNode:
     async def stop(self) -> None:
         """Stop ticking and talking; flush and checkpoint; close the files."""
         self._running = False
-        for t in self._tasks:
+        self.store.cold_reader = None
+        for t in [*self._tasks, *self._fills]:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._fills, return_exceptions=True)
         self._tasks = []
         if self.transport is not None:
             await self.transport.stop()
@@ -261,6 +267,28 @@ class RaftNode:
         if self._inbox and self._running:
             self._guarded_round()
 
+    def _on_cold(self, warm: Callable[[], None]) -> None:
+        """The core wanted entries for a push whose bytes have left the page cache (a follower
+        far behind): a worker reads them in, then the core pushes again (entries_fetched).
+        At most MAX_FILLS at once; a push refused meanwhile is retried when one ends."""
+        if len(self._fills) >= MAX_FILLS or not self._running:
+            return
+        self.metrics["push_reads_deferred"] += 1
+        task = asyncio.get_running_loop().create_task(self._fill(warm))
+        self._fills.add(task)
+        task.add_done_callback(self._fills.discard)
+
+    async def _fill(self, warm: Callable[[], None]) -> None:
+        try:
+            await cold_reads.fill(warm)
+        except OSError as e:
+            # Let the push read on the loop again, where a read error is handled as before.
+            log.warning("raft %s: reading entries in for a push failed (%r); such reads wait on the "
+                        "event loop from now on", self.node_id, e)
+            self.store.cold_reader = None
+        self._fetched = True        # told to the core by a round (never with a Ready outstanding)
+        self._wake.set()
+
     def _refused(self, sender: str, why: str) -> None:
         self.metrics["appends_refused"] += 1
         held = self._refusal_warnings.due(time.monotonic())
@@ -305,7 +333,10 @@ class RaftNode:
             if self._stalled is not None:
                 self._stall_tried_at = time.monotonic()
                 self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
-            while self._ticks_due or self._inbox or self._durable_grew or core.has_ready():
+            while self._ticks_due or self._inbox or self._durable_grew or self._fetched or core.has_ready():
+                if self._fetched:
+                    self._fetched = False
+                    core.entries_fetched()
                 if self._durable_grew:
                     # The group-commit flusher made more entries durable: report it (an empty
                     # Ready is legal here) so the leader counts itself and followers ack.

@@ -112,6 +112,21 @@ def nowait_supported() -> bool:
     return not STATS.nowait_unsupported
 
 
+class no_disk_waits:
+    """`with no_disk_waits():` reads through a SegmentedFile raise DiskWait instead of waiting
+    for the disk (for a synchronous caller that defers its work itself: a DLedger leader's
+    push to a follower far behind, dledger/entry_store.py)."""
+
+    __slots__ = ("_before",)
+
+    def __enter__(self) -> None:
+        self._before = _mode.nowait
+        _mode.nowait = not STATS.nowait_unsupported
+
+    def __exit__(self, *exc: object) -> None:
+        _mode.nowait = self._before
+
+
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
 _executor_lock = threading.Lock()
 _slots: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
@@ -141,11 +156,12 @@ async def read_without_stalling(fn: Callable[..., T], *args: Any) -> T:
             warm = e.warm
         finally:
             mode.nowait = False
-        await _fill(warm)
+        await fill(warm)
     return fn(*args)
 
 
-async def _fill(warm: Callable[[], None]) -> None:
+async def fill(warm: Callable[[], None]) -> None:
+    """Run a DiskWait's `warm` on a cold-read worker (at most MAX_PENDING per loop at once)."""
     loop = asyncio.get_running_loop()
     slots = _slots.get(loop)
     if slots is None:

@@ -203,6 +203,10 @@ class Cluster:
             self.process(node)
         self.deliver()
         for node in self.live_nodes():
+            if node.disk.pending_fill:           # a push's cold entries are read in now
+                node.disk.pending_fill = False
+                node.core.entries_fetched()
+                self.process(node)
             if node.async_flush_ticks and self.now % node.async_flush_ticks == 0:
                 node.disk.sync()
                 self.process(node, force=True)
@@ -409,6 +413,12 @@ class FaultRun:
         for node in self.cluster.nodes.values():
             if self.rng.random() < 0.3:
                 node.async_flush_ticks = self.rng.randint(1, 5)
+        # Cold reads on some disks, from a stream of their own (the seeds' other draws unchanged).
+        cold = random.Random(f"cold-reads-{seed}")
+        for node in self.cluster.nodes.values():
+            if cold.random() < 0.3:
+                node.disk.cold_rate = cold.choice([0.1, 0.3, 0.6])
+                node.disk.cold_rng = random.Random(cold.getrandbits(64))
 
     def run(self, liveness_ticks: int = 800) -> Cluster:
         cluster = self.cluster

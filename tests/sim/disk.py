@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 from dledger.messages import Entry, HardState
-from dledger.raft_storage import Compacted, entry_size_bytes
+from dledger.raft_storage import Compacted, NotCached, entry_size_bytes
 
 _CRC_HEADER = struct.Struct(">QQI")  # index, term, type: what the CRC covers besides the body
 
@@ -53,6 +53,12 @@ class SimDisk:
         self._base_state = b""
         self._records: list[_Record] = []
         self._synced = 0  # number of leading records that are durable
+        # Cold reads: a push's entries (entries(..., may_defer=True)) answer NotCached with this
+        # probability, as if out of the page cache; `pending_fill` until the cluster, a tick
+        # later, tells the core they are read in (RaftCore.entries_fetched).
+        self.cold_rate = 0.0
+        self.cold_rng = random.Random(0)
+        self.pending_fill = False
 
     # --- RaftStorage ---------------------------------------------------------------
 
@@ -73,10 +79,13 @@ class SimDisk:
             return self._base_term
         return self._records[index - self._base_index - 1].entry.term
 
-    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+    def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
         if lo < self.first_index():
             raise Compacted(lo, self.first_index())
         assert lo < hi <= self.last_index() + 1, (lo, hi, self.last_index())
+        if may_defer and self.cold_rate and self.cold_rng.random() < self.cold_rate:
+            self.pending_fill = True
+            raise NotCached(lo)
         taken: list[Entry] = []
         used = 0
         for record in self._records[lo - self._base_index - 1 : hi - self._base_index - 1]:

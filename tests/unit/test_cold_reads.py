@@ -85,16 +85,18 @@ class _ColdFile:
 
 
 class ColdDisk(FileSystem):
-    """Commitlog files whose pages are all cold once `cold` is set (until a read warms them)."""
+    """Files under a `where` directory whose pages are all cold once `cold` is set (until a
+    read warms them)."""
 
-    def __init__(self):
+    def __init__(self, where: str = "/commitlog/"):
+        self.where = where
         self.cold = False
         self.warm: set[tuple[str, int]] = set()
         self.disk_reads: list[int] = []      # the thread of each slow read
 
     def open(self, path):
         handle = super().open(path)
-        return _ColdFile(handle, self) if "/commitlog/" in path else handle
+        return _ColdFile(handle, self) if self.where in path else handle
 
 
 def test_reads_of_the_newest_bytes_are_plain_reads(tmp_path, monkeypatch):
@@ -266,3 +268,92 @@ def test_a_pull_after_the_page_cache_dropped_the_commitlog_is_filled_by_a_worker
     if not cold_reads.nowait_supported():
         pytest.skip("this kernel or file system has no RWF_NOWAIT: reads stay on the loop")
     assert fills >= 1, "the dropped pages were read in by a worker"
+
+
+# --- a DLedger leader's pushes to a follower far behind ---------------------------------------------
+class _NoteCold:
+    def __init__(self):
+        self.warms = []
+
+    def __call__(self, warm):
+        self.warms.append(warm)
+
+
+def test_an_entry_store_defers_a_push_read_of_cold_entries_and_serves_them_once_warmed(tmp_path, monkeypatch):
+    from dledger import entry_store as ES
+    from dledger.messages import Entry, EntryType
+    from dledger.raft_storage import NotCached
+    monkeypatch.setattr(ES, "_CACHE_MAX_BYTES", 8 * 1024)       # older entries leave the memory cache
+    fs = ColdDisk("/data/")
+    store = ES.EntryStore(fs, str(tmp_path), "n0", data_segment_size=1 << 20, index_segment_size=32 * 4096)
+    store.recover()
+    bodies = [b"%05d" % i * 200 for i in range(1, 101)]
+    store.append([Entry(i, 1, EntryType.NORMAL, b) for i, b in enumerate(bodies, 1)])
+    fs.cold = True
+    note = store.cold_reader = _NoteCold()
+    with pytest.raises(NotCached):
+        store.entries(1, 10, 1 << 20, may_defer=True)
+    assert len(note.warms) == 1 and not fs.disk_reads
+    note.warms[0]()                                       # what a cold-read worker runs
+    assert fs.disk_reads
+    got = store.entries(1, 10, 1 << 20, may_defer=True)
+    assert [e.body for e in got] == bodies[:9]
+    fs.warm.clear()
+    assert [e.body for e in store.entries(1, 3, 1 << 20)] == bodies[:2], "without may_defer: a plain read"
+    store.close()
+
+
+def test_regression_a_leader_catching_up_a_follower_from_cold_entries_keeps_its_loop_free(tmp_path, monkeypatch):
+    """Three nodes on loopback; n2 joins empty after 300 entries, which the leader no longer
+    holds in memory and whose pages are cold (0.4 s a read): n2 catches up, and no node's loop
+    is blocked for it."""
+    import random as _random
+    from dledger import entry_store as ES
+    from dledger.core import RaftConfig
+    from dledger.shell import RaftNode, ShellConfig
+    from mqstore.localcluster import free_port
+    monkeypatch.setattr(ES, "_CACHE_MAX_BYTES", 16 * 1024)
+    peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
+    disks = {n: ColdDisk("/data/") for n in peers}
+
+    def make(n: str) -> RaftNode:
+        store = ES.EntryStore(disks[n], str(tmp_path), n, data_segment_size=1 << 20, index_segment_size=32 * 4096)
+        return RaftNode(n, "g", peers, store, RaftConfig(), ShellConfig(tick_ms=20), rng=_random.Random(n))
+
+    async def until(cond, seconds: float) -> bool:
+        for _ in range(int(seconds / 0.01)):
+            if cond():
+                return True
+            await asyncio.sleep(0.01)
+        return cond()
+
+    async def scenario():
+        nodes = {n: make(n) for n in ("n0", "n1")}
+        for node in nodes.values():
+            await node.start()
+        wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+        try:
+            assert await until(lambda: any(x.core.role.name == "LEADER" for x in nodes.values()), 10)
+            leader = next(x for x in nodes.values() if x.core.role.name == "LEADER")
+            for i in range(30):
+                leader.propose([b"%05d" % (i * 10 + k) * 200 for k in range(10)])
+                await asyncio.sleep(0)
+            last = leader.core.last_index
+            assert await until(lambda: leader.core.commit_index >= last, 10)
+            for d in disks.values():
+                d.cold = True                    # every page written so far leaves the page cache
+            wd.start()
+            late = nodes["n2"] = make("n2")
+            await late.start()
+            caught_up = await until(lambda: late.store.last_index() >= last, 15)
+            await asyncio.sleep(0.05)            # the watchdog's tick runs and sees any stall
+            return caught_up, leader.metrics["push_reads_deferred"], disks[leader.node_id].disk_reads, wd
+        finally:
+            wd.stop()
+            for node in nodes.values():
+                await node.stop()
+
+    caught_up, deferred, reads, wd = asyncio.run(scenario())
+    assert caught_up, "the follower caught up"
+    assert wd.stalls == 0, f"a loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+    assert deferred >= 1 and reads, "the leader read cold entries, off the loop"

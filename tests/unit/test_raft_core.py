@@ -43,7 +43,7 @@ from dledger.messages import (
     TruncateResponse,
     VoteResponse,
 )
-from dledger.raft_storage import MemoryStorage
+from dledger.raft_storage import MemoryStorage, NotCached
 
 # --- harness ---------------------------------------------------------------------------------
 IDS = ("a", "b", "c")
@@ -923,3 +923,42 @@ def test_ready_orders_hard_state_before_the_votes_it_backs():
     candidate_ready = next(ready for ready in group.readies["a"] if ready.soft_role is Role.CANDIDATE)
     assert candidate_ready.hard_state == HardState(1, "a")
     assert any(isinstance(message, RequestVote) for _, message in candidate_ready.messages)
+
+
+class ColdStorage(MemoryStorage):
+    """Entries below `cold_below` answer a push's read with NotCached until `fetch()`."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.cold_below = 0
+        self.deferred = 0
+
+    def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
+        if may_defer and lo < self.cold_below:
+            self.deferred += 1
+            raise NotCached(lo)
+        return super().entries(lo, hi, max_bytes)
+
+
+def test_a_push_whose_entries_are_not_cached_waits_for_entries_fetched_without_spinning():
+    cold = ColdStorage()
+    group = leader_group(storages={"a": cold})
+    group.deliver()
+    group.tick_all(CONFIG.heartbeat_ticks)
+    group.queue.clear()
+    group.cores["b"] = RaftCore("b", group.ids, MemoryStorage(), random.Random(9), CONFIG)   # "b" lost its log
+    group.storages["b"] = group.cores["b"]._log._storage
+    for number in range(6):
+        group["a"].propose([f"m{number}".encode()])
+    group.drain("a")
+    cold.cold_below = group["a"].last_index + 1        # everything the leader holds is cold now
+    group.tick_all(CONFIG.push_timeout_ticks + CONFIG.heartbeat_ticks * 3)   # b is probed, matched at 0
+    assert cold.deferred >= 1
+    assert not queued(group, Append, destination="b"), "nothing pushed to b while its entries are cold"
+    assert not group["a"].has_ready(), "a cold peer gives the leader nothing to do (no spinning round)"
+    cold.cold_below = 0
+    group["a"].entries_fetched()
+    group.drain("a")
+    assert queued(group, Append, destination="b"), "pushed once fetched"
+    group.tick_all(CONFIG.heartbeat_ticks * 4)
+    assert group.log_terms("b") == group.log_terms("a")
