@@ -168,8 +168,8 @@ class EntryStore:
         self.reserve = reserve
         self.data = SegmentedFile(fs, os.path.join(self.dir, "data"), data_segment_size)
         self.index = SegmentedFile(fs, os.path.join(self.dir, "index"), index_segment_size)
-        # Set by the shell on its event loop: gets a DiskWait's `warm` when a push's entries are
-        # not in the page cache (entries(..., may_defer=True)); None: such reads wait, as before.
+        # Set by the shell on its event loop: gets a DiskWait's `fetch` when a push's entries are
+        # old (entries(..., may_defer=True)); None: such reads are made on the loop, as before.
         self.cold_reader: Callable[[Callable[[], None]], None] | None = None
         self.meta_path = os.path.join(self.dir, "meta")
         self.segment_size = data_segment_size
@@ -222,8 +222,8 @@ class EntryStore:
 
     def entries(self, lo: int, hi: int, max_bytes: int, may_defer: bool = False) -> list[Entry]:
         """With `may_defer` and a `cold_reader` (the shell's, on its event loop), entries whose
-        bytes are outside the page cache are not waited for: NotCached, and `cold_reader`
-        gets the DiskWait's `warm` to run off the loop (node/store/cold_reads.py)."""
+        bytes are old (node/store/cold_reads.py) and not fetched yet are not read on the loop:
+        NotCached, and `cold_reader` gets the DiskWait's `fetch` to run off the loop."""
         if lo < self.first_index():
             raise Compacted(lo, self.first_index())
         if not lo < hi <= self._last_index + 1:
@@ -232,14 +232,14 @@ class EntryStore:
         if lo >= cache_first:
             return _within_budget(self._cache[lo - cache_first:hi - cache_first], max_bytes)
         if may_defer and self.cold_reader is not None:
-            warm = None
+            fetch = None
             with cold_reads.no_disk_waits():
                 try:
                     return self._read_entries(lo, hi, max_bytes)
                 except cold_reads.DiskWait as e:
-                    warm = e.warm
-            if warm is not None:
-                self.cold_reader(warm)
+                    fetch = e.fetch
+            if fetch is not None:
+                self.cold_reader(fetch)
                 raise NotCached(lo)
         return self._read_entries(lo, hi, max_bytes)
 
@@ -931,11 +931,13 @@ class EntryStore:
         out: list[Entry] = []
         used, i = 0, lo
         pos = self.entry_at(lo).pos
+        last = self.entry_at(hi - 1)
+        end = last.pos + last.size          # read no further than the batch's last entry
         while i < hi:
             rec = self.entry_at(i) if not out else None
             if rec is not None:
                 pos = rec.pos
-            want = max(HEADER, min(max_bytes - used, self.data.segment_size))
+            want = max(HEADER, min(max_bytes - used, self.data.segment_size, end - pos))
             buf = self.data.read(pos, want)
             at = 0
             while i < hi and at + E.BLANK_SIZE <= len(buf):

@@ -248,6 +248,8 @@ def write_in_place(store: Any, rec: Any, raw: bytes) -> None:
         except OSError as e:
             from node.store.errors import StoreFatal
             raise StoreFatal(f"repairing {seg.path} at {rec.pos}: {e}") from e
+        finally:
+            store.data.forget_fetched()      # a cold-read fetch may hold the damaged bytes
     back = store.data.read(rec.pos, rec.size)
     if back != raw:
         raise RepairError(f"entry {rec.index} reads back different after the repair write")

@@ -67,7 +67,7 @@ log = logging.getLogger(__name__)
 SYNC_FLUSH = "SYNC_FLUSH"
 ASYNC_FLUSH = "ASYNC_FLUSH"
 REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refused appends
-MAX_FILLS = 2                   # pushes' entries being read into the page cache at once (node/store/cold_reads.py)
+MAX_FILLS = 2                   # pushes' old entries being read by workers at once (node/store/cold_reads.py)
 
 
 class _Stalled(Exception):
@@ -158,7 +158,7 @@ class RaftNode:
         # when one finished and the core has not been told yet.
         self._flush_wanted = asyncio.Event()
         self._durable_grew = False
-        self._fills: set[asyncio.Task] = set()      # entries for a push being read into the page cache
+        self._fills: set[asyncio.Task] = set()      # old entries for a push being read by a worker
         self._fetched = False                        # one ended: tell the core in the next round
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -267,23 +267,23 @@ class RaftNode:
         if self._inbox and self._running:
             self._guarded_round()
 
-    def _on_cold(self, warm: Callable[[], None]) -> None:
-        """The core wanted entries for a push whose bytes have left the page cache (a follower
-        far behind): a worker reads them in, then the core pushes again (entries_fetched).
+    def _on_cold(self, fetch: Callable[[], None]) -> None:
+        """The core wanted old entries for a push (a follower far behind): a worker reads them
+        (node/store/cold_reads.py), then the core pushes again (entries_fetched).
         At most MAX_FILLS at once; a push refused meanwhile is retried when one ends."""
         if len(self._fills) >= MAX_FILLS or not self._running:
             return
         self.metrics["push_reads_deferred"] += 1
-        task = asyncio.get_running_loop().create_task(self._fill(warm))
+        task = asyncio.get_running_loop().create_task(self._fill(fetch))
         self._fills.add(task)
         task.add_done_callback(self._fills.discard)
 
-    async def _fill(self, warm: Callable[[], None]) -> None:
+    async def _fill(self, fetch: Callable[[], None]) -> None:
         try:
-            await cold_reads.fill(warm)
+            await cold_reads.fill(fetch)
         except OSError as e:
             # Let the push read on the loop again, where a read error is handled as before.
-            log.warning("raft %s: reading entries in for a push failed (%r); such reads wait on the "
+            log.warning("raft %s: reading old entries for a push failed (%r); such reads wait on the "
                         "event loop from now on", self.node_id, e)
             self.store.cold_reader = None
         self._fetched = True        # told to the core by a round (never with a Ready outstanding)

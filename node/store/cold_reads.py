@@ -1,36 +1,35 @@
-"""Reads that would wait for the disk leave the event loop.
+"""Reads of old bytes leave the event loop.
 
-A read of data that is no longer in the page cache (a consumer far behind, a slave catching up
-from the start of a segment) waits for the disk: 392 ms once in a random-fault run, with every
-other request, heartbeat and replication message of the node stalled behind it. RocketMQ serves
-pulls on a thread pool (PullMessageProcessor's executor) for that reason.
+A read of data that is no longer in the page cache (a consumer far behind, a slave or a
+follower catching up from far back) waits for the disk: 392 ms once in a random-fault run,
+400-550 ms while a DLedger follower caught up 500 MB here, with every other request,
+heartbeat and replication message of the node stalled behind it. RocketMQ serves pulls on a
+thread pool (PullMessageProcessor's executor) for that reason.
 
-Here a read of older bytes (more than HOT_BYTES behind its files' end: newer ones are taken as
+Here a read of bytes more than HOT_BYTES behind the end of their files (newer ones are taken as
 in the page cache, as RocketMQ's accessMessageInMemoryMaxRatio takes the newest part of the
-commitlog) is first tried on the loop with `RWF_NOWAIT` (preadv2): the kernel answers from the
-page cache or refuses at once. A refused read raises `DiskWait`, which carries how to bring
-those bytes into the page cache; a small pool of worker threads does that while the loop
-serves everything else, and the read is tried on the loop again:
+commitlog, and are read on the loop as before) is never made on the loop. Made where reads must
+not wait, it raises `DiskWait`, whose `fetch` reads at least FETCH_BYTES from there on a small
+pool of worker threads and leaves them with the file (`SegmentedFile`'s fetched slots); the
+read is then tried on the loop again and answered from those bytes:
 
     result = await read_without_stalling(fn, *args)
 
-So `fn` always completes on the loop, its side effects (metrics, damage reports) included;
-the workers only read files into the page cache. `fn` must do nothing before its reads that
-it cannot do twice (a try cut short by `DiskWait` is tried again). A worker reads through
-`SegmentedFile._warm`, which holds the lock that closing a segment takes, so it never reads a
-closed descriptor.
+So `fn` always completes on the loop, its side effects (metrics, damage reports) included; the
+workers only read. `fn` must do nothing before its reads that it cannot do twice (a try cut
+short by `DiskWait` is tried again). A worker reads under the lock that closing a segment
+takes, so it never reads a closed descriptor; whatever changes bytes a fetch holds (truncation,
+expiry, a reset, an in-place repair) drops the file's fetched bytes.
 
-Where the kernel or the file system has no `RWF_NOWAIT`, reads run on the loop as before; so
-does a read whose `DiskWait` says nothing of how to warm it, and one still cold after
-MAX_WARM_ROUNDS rounds (memory so short that what was read is gone again).
+Asking the kernel instead (cachestat(2) for residency, then preadv2 with RWF_NOWAIT) was tried
+first and is not enough: a page counted as cached may still be under a readahead's I/O, and
+RWF_NOWAIT still submits readahead at a marker page; either waited 376-468 ms on a busy disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import errno
-import os
 import threading
 import time
 import weakref
@@ -38,40 +37,39 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 
-WORKER_THREADS = 4          # page-cache fills at once (they only wait for the disk)
-MAX_PENDING = 256           # fills queued or running per loop; more wait for a slot (a bound, not a drop)
-MAX_WARM_ROUNDS = 64        # a pull touches at most a few dozen cold ranges; then it reads on the loop
-WARM_BYTES = 256 * 1024     # a fill reads at least this much from the cold offset on (the records after it)
-HOT_BYTES = 64 << 20        # reads this close to a file set's end are taken as cached and read plainly
-_NOWAIT_FLAG = getattr(os, "RWF_NOWAIT", None)
+WORKER_THREADS = 4          # fetches at once (they only wait for the disk)
+MAX_PENDING = 256           # fetches queued or running per loop; more wait for a slot (a bound, not a drop)
+MAX_FETCH_ROUNDS = 64       # a pull touches at most a few dozen old ranges; then it reads on the loop
+FETCH_BYTES = 256 * 1024    # a fetch reads at least this much from the old offset on (the records after it)
+FETCH_SLOTS = 8             # fetched ranges a file keeps for the loop's next tries (oldest dropped first)
+HOT_BYTES = 64 << 20        # reads this close to a file set's end are taken as cached and made on the loop
 
 
 class DiskWait(Exception):
-    """A read made where reads must not wait found bytes outside the page cache. Not an
-    OSError, so no handler of I/O errors on the read path mistakes it for damage. `warm`,
-    set by the file that raised it, reads those bytes into the page cache (on a worker)."""
+    """A read of old bytes, made where reads must not wait. Not an OSError, so no handler of
+    I/O errors on the read path mistakes it for damage. `fetch`, set by the file that raised
+    it, reads those bytes for the next try (on a worker)."""
 
     def __init__(self, message: str):
         super().__init__(message)
-        self.warm: Callable[[], None] | None = None
+        self.fetch: Callable[[], None] | None = None
 
 
 class _Mode(threading.local):
-    nowait = False        # this thread is the event loop, inside read_without_stalling's tries
+    nowait = False        # this thread is the event loop, inside a try that must not wait
 
 
 _mode = _Mode()
 
 
 class ColdReadStats:
-    """Process-wide: page-cache fills made by the workers, and the seconds they took (for /metrics)."""
+    """Process-wide: fetches made by the workers, and the seconds they took (for /metrics)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.count = 0
         self.seconds_total = 0.0
         self.seconds_max = 0.0
-        self.nowait_unsupported = _NOWAIT_FLAG is None
 
     def observe(self, seconds: float) -> None:
         with self._lock:
@@ -84,44 +82,20 @@ STATS = ColdReadStats()
 
 
 def must_not_wait() -> bool:
-    """True while the calling thread's reads must come from the page cache or raise DiskWait."""
+    """True while the calling thread's reads of old bytes must raise DiskWait."""
     return _mode.nowait
 
 
-def pread_nowait(fd: int, size: int, offset: int) -> bytes:
-    """`size` bytes at `offset` from the page cache, or DiskWait. A short answer (part of the
-    range cached) is a DiskWait too: the readers here never read past a file's end."""
-    if size == 0:
-        return b""
-    buf = bytearray(size)
-    try:
-        n = os.preadv(fd, [buf], offset, _NOWAIT_FLAG)
-    except BlockingIOError:
-        raise DiskWait(f"{size} bytes at {offset} are not in the page cache") from None
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
-            raise
-        STATS.nowait_unsupported = True     # an old kernel or a file system without it: read as before
-        return os.pread(fd, size, offset)
-    if n != size:
-        raise DiskWait(f"{size - n} of {size} bytes at {offset} are not in the page cache")
-    return bytes(buf)
-
-
-def nowait_supported() -> bool:
-    return not STATS.nowait_unsupported
-
-
 class no_disk_waits:
-    """`with no_disk_waits():` reads through a SegmentedFile raise DiskWait instead of waiting
-    for the disk (for a synchronous caller that defers its work itself: a DLedger leader's
+    """`with no_disk_waits():` reads of old bytes through a SegmentedFile raise DiskWait unless
+    fetched already (for a synchronous caller that defers its work itself: a DLedger leader's
     push to a follower far behind, dledger/entry_store.py)."""
 
     __slots__ = ("_before",)
 
     def __enter__(self) -> None:
         self._before = _mode.nowait
-        _mode.nowait = not STATS.nowait_unsupported
+        _mode.nowait = True
 
     def __exit__(self, *exc: object) -> None:
         _mode.nowait = self._before
@@ -141,27 +115,24 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 
 
 async def read_without_stalling(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` on the loop once every byte it reads is in the page cache; the bytes that
-    were not are read into it by a worker meanwhile."""
+    """`fn(*args)` on the loop, its reads of old bytes fetched by a worker first."""
     mode = _mode
-    if STATS.nowait_unsupported:
-        return fn(*args)
-    for _ in range(MAX_WARM_ROUNDS):
+    for _ in range(MAX_FETCH_ROUNDS):
         mode.nowait = True
         try:
             return fn(*args)
         except DiskWait as e:
-            if e.warm is None:
+            if e.fetch is None:
                 break
-            warm = e.warm
+            fetch = e.fetch
         finally:
             mode.nowait = False
-        await fill(warm)
+        await fill(fetch)
     return fn(*args)
 
 
-async def fill(warm: Callable[[], None]) -> None:
-    """Run a DiskWait's `warm` on a cold-read worker (at most MAX_PENDING per loop at once)."""
+async def fill(fetch: Callable[[], None]) -> None:
+    """Run a DiskWait's `fetch` on a cold-read worker (at most MAX_PENDING per loop at once)."""
     loop = asyncio.get_running_loop()
     slots = _slots.get(loop)
     if slots is None:
@@ -169,6 +140,6 @@ async def fill(warm: Callable[[], None]) -> None:
     async with slots:
         t0 = time.perf_counter()
         try:
-            await loop.run_in_executor(_pool(), warm)
+            await loop.run_in_executor(_pool(), fetch)
         finally:
             STATS.observe(time.perf_counter() - t0)

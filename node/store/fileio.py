@@ -21,8 +21,6 @@ import shutil
 import threading
 from typing import Protocol
 
-from node.store import cold_reads
-
 
 class ShortWrite(OSError):
     """A write that stored only its first `written` bytes before failing (ENOSPC).
@@ -80,12 +78,6 @@ class OsFile:
         if size < 0 or offset < 0:
             raise ValueError(f"pread of {self.path}: size {size} and offset {offset} must be >= 0")
         return os.pread(self.fd, size, offset)
-
-    def pread_nowait(self, size: int, offset: int) -> bytes:
-        """From the page cache, or cold_reads.DiskWait at once (RWF_NOWAIT)."""
-        if size < 0 or offset < 0:
-            raise ValueError(f"pread of {self.path}: size {size} and offset {offset} must be >= 0")
-        return cold_reads.pread_nowait(self.fd, size, offset)
 
     def fsync(self) -> None:
         os.fdatasync(self.fd)

@@ -16,6 +16,7 @@ much of a 1 GiB file it covers).
 from __future__ import annotations
 
 import bisect
+import collections
 import functools
 import os
 import threading
@@ -68,20 +69,13 @@ class Segment:
         self.write_pos += len(data)
         return at
 
-    def read(self, offset: int, size: int, nowait: bool = False) -> bytes:
+    def read(self, offset: int, size: int) -> bytes:
         """Up to `size` bytes at `offset` within the file (past the data end too: recovery
-        scans there); b"" at or past the file end or for a size <= 0. With `nowait`, from the
-        page cache or cold_reads.DiskWait (where the handle can tell; else a plain read)."""
+        scans there); b"" at or past the file end or for a size <= 0."""
         rel = offset - self.base
         assert 0 <= rel <= self.capacity
         n = min(size, self.capacity - rel)
-        if n <= 0:
-            return b""
-        if nowait:
-            reader = getattr(self.handle, "pread_nowait", None)
-            if reader is not None:
-                return reader(n, rel)
-        return self.handle.pread(n, rel)
+        return self.handle.pread(n, rel) if n > 0 else b""
 
 
 @dataclass
@@ -108,6 +102,11 @@ class SegmentedFile:
         self._io = threading.Lock()
         self._closed = False
         self._names = DeferredDirSync(fs, directory)    # an append's new segment: named durable by flush()
+        # Old bytes read by cold-read workers for the loop's next try (node/store/cold_reads.py):
+        # (generation, offset, bytes, bytes asked); a change of old bytes bumps the generation.
+        self._fetched: collections.deque[tuple[int, int, bytes, int]] = collections.deque(maxlen=cold_reads.FETCH_SLOTS)
+        self._fetch_lock = threading.Lock()
+        self._gen = 0
 
     # --- opening ------------------------------------------------------------------------
     def load(self) -> None:
@@ -195,33 +194,58 @@ class SegmentedFile:
         """Up to `size` bytes of data at `offset`, never crossing a segment boundary nor the
         data end; b"" where there is no data (before the first file, past the end).
 
-        Read where reads must not wait (node/store/cold_reads.py), at least HOT_BYTES behind
-        the data end (newer bytes are taken as in the page cache, and read plainly: a nowait
-        read costs a copy more), bytes outside the page cache raise DiskWait, carrying `_warm`
-        of the same range for a worker to run."""
+        Where reads must not wait (node/store/cold_reads.py), bytes more than HOT_BYTES behind
+        the data end come from this file's fetched slots, or raise DiskWait whose `fetch`
+        reads them there (on a worker)."""
         if not cold_reads.must_not_wait() or offset >= self.end - cold_reads.HOT_BYTES:
             return self._read(offset, size)
-        try:
-            return self._read(offset, size, True)
-        except cold_reads.DiskWait as e:
-            e.warm = functools.partial(self._warm, offset, size)
-            raise
+        got = self._from_fetched(offset, size)
+        if got is not None:
+            return got
+        e = cold_reads.DiskWait(f"{size} bytes at {offset} in {self.directory} are old: read off the loop")
+        e.fetch = functools.partial(self._fetch, offset, size)
+        raise e
 
-    def _warm(self, offset: int, size: int) -> None:
-        """On a cold-read worker: read [offset, offset + max(size, WARM_BYTES)) into the page
-        cache (within one segment's data). It holds the lock that whatever closes a segment
-        takes (the loop may expire or cut files meanwhile); a flush's fsync holds it too, so
-        a fill may wait for one, on the worker."""
+    def _from_fetched(self, offset: int, size: int) -> bytes | None:
+        with self._fetch_lock:
+            for gen, start, data, asked in self._fetched:
+                # offset inside the slot: a read that starts where a cut slot ends starts in
+                # the next file, or past the data end, which a plain read decides.
+                if gen != self._gen or not start <= offset < start + len(data):
+                    continue
+                rel = offset - start
+                if offset + size <= start + len(data) or len(data) < asked:
+                    # Whole, or cut where _read would cut it too (the data end or a file end).
+                    return data[rel:rel + size]
+        return None
+
+    def _fetch(self, offset: int, size: int) -> None:
+        """On a cold-read worker: read at least FETCH_BYTES from `offset` (within one segment's
+        data) into a fetched slot. Under the lock that whatever closes a segment takes (the
+        loop may expire or cut files meanwhile); a flush's fsync holds it too, so a fetch may
+        wait for one, on the worker."""
+        asked = max(size, cold_reads.FETCH_BYTES)
         with self._io:
-            if not self._closed:
-                self._read(offset, max(size, cold_reads.WARM_BYTES))
+            if self._closed:
+                return
+            gen, data = self._gen, self._read(offset, asked)
+        with self._fetch_lock:
+            if gen == self._gen:
+                self._fetched.append((gen, offset, data, asked))
 
-    def _read(self, offset: int, size: int, nowait: bool = False) -> bytes:
+    def forget_fetched(self) -> None:
+        """Bytes a fetch may hold were cut, deleted or rewritten in place: drop every fetched
+        slot (whoever writes over old bytes outside this class calls it too)."""
+        with self._fetch_lock:
+            self._gen += 1
+            self._fetched.clear()
+
+    def _read(self, offset: int, size: int) -> bytes:
         seg = self.segment_for(offset)
         if seg is None:
             return b""
         n = min(size, seg.end - offset)
-        return seg.read(offset, n, nowait) if n > 0 else b""
+        return seg.read(offset, n) if n > 0 else b""
 
     def flush(self) -> int:
         """fsync every segment holding unflushed data; return the new flushed offset.
@@ -246,12 +270,14 @@ class SegmentedFile:
 
     def mark_unflushed(self, offset: int) -> None:
         """Bytes at `offset` were rewritten in place: the next flush fsyncs from there."""
+        self.forget_fetched()
         with self._io:
             self.flushed = min(self.flushed, offset)
 
     def truncate(self, offset: int) -> TruncateReport:
         """Durably drop every byte at or past `offset` (zeroed, later files deleted)."""
         with self._io:
+            self.forget_fetched()
             return self._truncate(offset)
 
     def _truncate(self, offset: int) -> TruncateReport:
@@ -286,6 +312,7 @@ class SegmentedFile:
     def delete_head(self, upto_offset: int) -> list[str]:
         """Delete whole segments that end at or before `upto_offset` (never the last one)."""
         with self._io:
+            self.forget_fetched()
             return self._delete_head(upto_offset)
 
     def _delete_head(self, upto_offset: int) -> list[str]:
@@ -303,6 +330,7 @@ class SegmentedFile:
     def reset_to(self, offset: int) -> None:
         """Drop every segment and restart empty at `offset` (follower reset below leader's first)."""
         with self._io:
+            self.forget_fetched()
             self._reset_to(offset)
 
     def _reset_to(self, offset: int) -> None:
@@ -317,6 +345,7 @@ class SegmentedFile:
         self.flushed = offset
 
     def close(self) -> None:
+        self.forget_fetched()
         with self._io:
             self._closed = True
             for seg in self.segments:
