@@ -512,7 +512,8 @@ def cmd_cluster(a) -> int:
         raise CliError(f"`mqstore cluster` is not built yet ({e})") from None
     if a.action == "up":
         nodes = a.nodes if a.nodes is not None else (2 if a.mode == "classic" else 3)
-        return cluster.up_main(a.dir, a.mode, nodes, a.base_port, a.detach, a.secure)
+        return cluster.up_main(a.dir, a.mode, nodes, a.base_port, a.detach, a.secure,
+                               broker_role=a.broker_role, controllers=a.controllers)
     stopped = cluster.stop(a.dir)
     print(f"stopped {len(stopped)} process(es)")
     return 0
@@ -558,9 +559,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["up", "down"])
     p.add_argument("--dir", default="./mqstore-cluster")
     p.add_argument("--mode", default="dledger", choices=["dledger", "standalone", "classic"],
-                   help="dledger: a Raft group; standalone: one node; classic: 3 controllers and a "
+                   help="dledger: a Raft group; standalone: one node; classic: controllers and a "
                         "master/slave group")
     p.add_argument("--nodes", type=int, default=None, help="nodes of the group (dledger 3, classic 2)")
+    p.add_argument("--broker-role", default="SYNC_MASTER", choices=["SYNC_MASTER", "ASYNC_MASTER"],
+                   help="classic: the role a master takes (brokerRole; default %(default)s)")
+    p.add_argument("--controllers", type=int, default=3, choices=[1, 3, 5],
+                   help="classic: controller processes (default %(default)s)")
     p.add_argument("--base-port", type=int, default=10911)
     p.add_argument("--detach", action="store_true")
     p.add_argument("--secure", action="store_true",

@@ -5,8 +5,9 @@ file under the cluster directory; `cluster.json` there records the PIDs this
 command started, so `cluster down` ends exactly those.
 
 Modes: `dledger` (default: one Raft group of 3 nodes), `standalone` (one node), `classic`
-(three controllers, RocketMQ 5's controller mode, and a broker group of `--nodes` brokers,
-default 2: the controllers elect the master, the others are its slaves, SYNC_MASTER).
+(`--controllers` controllers, default 3, RocketMQ 5's controller mode, and a broker group of
+`--nodes` brokers, default 2: the controllers elect the master, the others are its slaves;
+`--broker-role` SYNC_MASTER, the default, or ASYNC_MASTER is the role a master takes).
 
 Ports from `--base-port` B (default 10911, RocketMQ's): node i serves its API on B + 10 i,
 its produce stream on that - 2 and (classic) its HA port on that + 1; DLedger Raft on
@@ -37,7 +38,8 @@ ACL_FILE = "acl.json"
 SECRET_FILE = "cluster.secret"
 ADMIN_ACCESS_KEY = "local-admin"
 MODES = ("dledger", "standalone", "classic")
-CONTROLLERS = 3
+CONTROLLERS = 3                 # classic: controllers by default (--controllers: 1, 3 or 5)
+BROKER_ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 CONTROLLER_BASE_PORT = 9876     # RocketMQ's name-server port: the controllers hold the routes here
 
 
@@ -78,10 +80,20 @@ class ControllerSpec:
         return f"127.0.0.1:{self.api_port}"
 
 
-def plan_controllers(directory: str, base_port: int) -> list[ControllerSpec]:
+def check_classic(mode: str, broker_role: str, controllers: int) -> None:
+    """The classic options, with words a user can act on (SystemExit)."""
+    if broker_role not in BROKER_ROLES:
+        raise SystemExit(f"--broker-role must be one of {', '.join(BROKER_ROLES)}, not {broker_role!r}")
+    if controllers not in (1, 3, 5):
+        raise SystemExit(f"--controllers must be 1, 3 or 5 (a majority must survive a failure), not {controllers}")
+    if mode != "classic" and (broker_role != BROKER_ROLES[0] or controllers != CONTROLLERS):
+        raise SystemExit("--broker-role and --controllers apply to --mode classic only")
+
+
+def plan_controllers(directory: str, base_port: int, count: int = CONTROLLERS) -> list[ControllerSpec]:
     first = CONTROLLER_BASE_PORT + base_port - 10911
     return [ControllerSpec(f"c{j}", first + 10 * j, first + 10 * j + 2, os.path.join(directory, f"c{j}", "data"),
-                           os.path.join(directory, f"c{j}", "controller.log")) for j in range(CONTROLLERS)]
+                           os.path.join(directory, f"c{j}", "controller.log")) for j in range(count)]
 
 
 def controller_argvs(ctls: list[ControllerSpec]) -> list[list[str]]:
@@ -111,11 +123,12 @@ def security_lines(directory: str) -> list[str]:
 
 
 def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "broker-a",
-         secure: bool = False) -> list[NodeSpec]:
+         secure: bool = False, broker_role: str = BROKER_ROLES[0], controllers: int = CONTROLLERS) -> list[NodeSpec]:
     """Node specs and their broker.conf files (written) for a local cluster; with `secure`, the
     files of write_security must be in `directory` already."""
     if mode not in MODES:
         raise SystemExit(f"--mode must be one of {', '.join(MODES)}")
+    check_classic(mode, broker_role, controllers)
     if mode == "standalone":
         nodes = 1
     if mode == "classic" and nodes < 2:
@@ -125,7 +138,7 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
                       os.path.join(directory, f"n{i}", "node.log")) for i in range(nodes)]
     raft = {s.node_id: s.raft_port for s in specs}
     api = {s.node_id: s.api_port for s in specs}
-    ctl = ";".join(c.api for c in plan_controllers(directory, base_port))
+    ctl = ";".join(c.api for c in plan_controllers(directory, base_port, controllers))
     for broker_id, s in enumerate(specs):
         lines = [
             "brokerClusterName=DefaultCluster",
@@ -141,7 +154,7 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
         if mode == "dledger":
             lines += ["brokerId=0", *lc.dledger_lines(s.node_id, group, raft, api)]
         elif mode == "classic":    # the role a broker takes when the controllers elect it master
-            lines += lc.classic_lines(broker_id, "SYNC_MASTER", s.ha_port, ctl)
+            lines += lc.classic_lines(broker_id, broker_role, s.ha_port, ctl)
         else:
             lines.append("brokerId=0")
         if secure:
@@ -151,12 +164,12 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
 
 
 def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int = 10911,
-          secure: bool = False) -> list[NodeSpec]:
+          secure: bool = False, broker_role: str = BROKER_ROLES[0], controllers: int = CONTROLLERS) -> list[NodeSpec]:
     directory = os.path.abspath(directory)
     if os.path.exists(os.path.join(directory, STATE_FILE)):
         raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
-    specs = plan(directory, mode, nodes, base_port, secure=secure)
-    ctls = plan_controllers(directory, base_port) if mode == "classic" else []
+    specs = plan(directory, mode, nodes, base_port, secure=secure, broker_role=broker_role, controllers=controllers)
+    ctls = plan_controllers(directory, base_port, controllers) if mode == "classic" else []
     record: dict = {"mode": mode, "pids": [], "apis": [s.api for s in specs], "controllers": [c.api for c in ctls]}
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
 
@@ -196,7 +209,8 @@ def wait_for_leader(specs: list[NodeSpec], timeout_s: float = 15.0) -> str | Non
 
 
 def wait_in_sync(directory: str, base_port: int, brokers: int, group: str = "broker-a",
-                 timeout_s: float = HEALTH_TIMEOUT_S, secret_file: str | None = None) -> bool:
+                 timeout_s: float = HEALTH_TIMEOUT_S, secret_file: str | None = None,
+                 controllers: int = CONTROLLERS) -> bool:
     """Classic: until the controllers' SyncStateSet holds every broker (a send then answers
     SEND_OK, not SLAVE_NOT_AVAILABLE while a slave is still connecting). With `secret_file`,
     each request is signed with the cluster secret, as the admin CLI's controller verbs are."""
@@ -205,7 +219,7 @@ def wait_in_sync(directory: str, base_port: int, brokers: int, group: str = "bro
     path = f"/groups/{group}/sync-state-set"
 
     def in_sync() -> bool:
-        for c in plan_controllers(directory, base_port):
+        for c in plan_controllers(directory, base_port, controllers):
             signed = sign_request(secret, "mqstore-cluster", "GET", path) if secret is not None else None
             doc = lc.get_ok(c.api, path, headers=signed)
             if doc is not None:
@@ -277,7 +291,8 @@ Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with 
 
 
 def classic_usage_text(specs: list[NodeSpec], master: str | None, directory: str, base_port: int,
-                       keys: tuple[str, str] | None = None, group: str = "broker-a") -> str:
+                       keys: tuple[str, str] | None = None, group: str = "broker-a",
+                       broker_role: str = BROKER_ROLES[0], controllers: int = CONTROLLERS) -> str:
     ep = master or specs[0].api
     secure = "" if keys is None else f"""
 Secure: brokers check the ACL (every request but /health and /metrics is signed), and brokers,
@@ -285,13 +300,15 @@ controllers and the admin CLI's controller verbs prove the cluster secret. For t
   export MQSTORE_ACCESS_KEY={keys[0]} MQSTORE_SECRET_KEY={keys[1]}
   export MQSTORE_CLUSTER_SECRET_FILE={os.path.join(directory, SECRET_FILE)}
 """
-    ctls = plan_controllers(directory, base_port)
+    ctls = plan_controllers(directory, base_port, controllers)
     brokers = "\n".join(f"  {s.node_id}  http://{s.api}   brokerId={i}, HA port {s.ha_port}"
                          f"{'   MASTER' if s.api == master else ''}   (log {s.log_path})"
                          for i, s in enumerate(specs))
     controllers = "\n".join(f"  {c.ctl_id}  http://{c.api}   (log {c.log_path})" for c in ctls)
     ctl = ";".join(c.api for c in ctls)
-    return f"""mqstore classic cluster is up: group {group} of {len(specs)} brokers (SYNC_MASTER), {len(ctls)} controllers; master: {master or 'electing'}
+    role = ("SYNC_MASTER: a send is acked once a slave has it" if broker_role == "SYNC_MASTER" else
+            "ASYNC_MASTER: a send is acked once the master has it; slaves follow")
+    return f"""mqstore classic cluster is up: group {group} of {len(specs)} brokers ({role}), {len(ctls)} controller(s); master: {master or 'electing'}
 {brokers}
 Controllers (routes, and the master, epoch and SyncStateSet of the group):
 {controllers}
@@ -313,19 +330,22 @@ Stop with Ctrl-C (or `mqstore cluster down --dir {directory}` when started with 
 """
 
 
-def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool, secure: bool = False) -> int:
+def up_main(directory: str, mode: str, nodes: int, base_port: int, detach: bool, secure: bool = False,
+            broker_role: str = BROKER_ROLES[0], controllers: int = CONTROLLERS) -> int:
     keys = None
     directory = os.path.abspath(directory)
+    check_classic(mode, broker_role, controllers)
     if secure:
         if os.path.exists(os.path.join(directory, STATE_FILE)):
             raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
         keys = write_security(directory)
-    specs = start(directory, mode, nodes, base_port, secure=secure)
+    specs = start(directory, mode, nodes, base_port, secure=secure, broker_role=broker_role, controllers=controllers)
     leader = wait_for_leader(specs)
     if mode == "classic":
-        text = classic_usage_text(specs, leader, directory, base_port, keys)
+        text = classic_usage_text(specs, leader, directory, base_port, keys, broker_role=broker_role,
+                                  controllers=controllers)
         if not wait_in_sync(directory, base_port, len(specs), secret_file=os.path.join(directory, SECRET_FILE)
-                            if secure else None):
+                            if secure else None, controllers=controllers):
             text += ("\nNot every slave is in the SyncStateSet yet: until it is, sends answer "
                      "SLAVE_NOT_AVAILABLE (stored on the master only).\n")
     elif keys:

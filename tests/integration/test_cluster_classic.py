@@ -112,3 +112,27 @@ def test_secure_classic_cluster_signs_everything_and_prints_what_it_takes(tmp_pa
         for i in range(2):
             log = open(os.path.join(d, f"n{i}", "node.log")).read() + open(os.path.join(d, f"c{i}", "controller.log")).read()
             assert "without a cluster secret" not in log
+
+
+def test_async_master_with_one_controller_acks_from_the_master_and_fails_over(tmp_path):
+    """--broker-role ASYNC_MASTER --controllers 1: three processes; the brokers' role is
+    ASYNC_MASTER (haStatus and the printed banner say so), a send is acked, and a kill -9 of the
+    master still makes the one controller elect the slave, which holds the message."""
+    d = str(tmp_path / "a")
+    with cluster_up(d, classic_ports, 3, "--mode", "classic", "--broker-role", "ASYNC_MASTER",
+                    "--controllers", "1") as out:
+        state = json.load(open(os.path.join(d, mc.STATE_FILE)))
+        assert len(state["pids"]) == 3 and len(state["controllers"]) == 1, state
+        assert "ASYNC_MASTER" in out and "1 controller(s)" in out, out
+        master, slave = state["apis"]
+        for i in range(2):
+            assert "brokerRole=ASYNC_MASTER" in open(os.path.join(d, f"n{i}", "broker.conf")).read()
+        cli_json("updateTopic", "-n", master, "-t", "TopicTest", "-w", "1")
+        sent = cli_json("send", "-n", master, "-t", "TopicTest", "-b", "async")["results"][0]
+        assert sent["status"] == "SEND_OK", sent
+        path = "/topics/TopicTest/queues/0/messages?offset=0&max=32"
+        lc.wait_for(lambda: (lc.health(slave) or {}).get("committed_offset", 0)
+                    >= (lc.health(master) or {}).get("committed_offset", 1), 10, "the slave caught up")
+        os.kill(state["pids"][1], signal.SIGKILL)                # the controller, then n0, n1
+        lc.wait_for(lambda: (lc.health(slave) or {}).get("role") == "MASTER", 20, f"{slave} elected master")
+        assert [m["body"] for m in lc.http(slave, "GET", path)[1]["messages"]] == ["async"]
