@@ -220,11 +220,12 @@ class SegmentedFile:
         return None
 
     def _fetch(self, offset: int, size: int) -> None:
-        """On a cold-read worker: read at least FETCH_BYTES from `offset` (within one segment's
-        data) into a fetched slot. Under the lock that whatever closes a segment takes (the
+        """On a cold-read worker: read at least FETCH_BYTES from `offset`, and for a larger read
+        as much again up to FETCH_AHEAD_MAX (a catch-up's next batch), within one segment's
+        data, into a fetched slot. Under the lock that whatever closes a segment takes (the
         loop may expire or cut files meanwhile); a flush's fsync holds it too, so a fetch may
         wait for one, on the worker."""
-        asked = max(size, cold_reads.FETCH_BYTES)
+        asked = max(min(2 * size, size + cold_reads.FETCH_AHEAD_MAX), cold_reads.FETCH_BYTES)
         with self._io:
             if self._closed:
                 return
