@@ -145,6 +145,19 @@ def test_without_a_way_to_fetch_the_read_runs_on_the_loop_as_before():
 
 
 # --- a broker over the cold disk ------------------------------------------------------------------
+async def fill_topic(b, n: int) -> list[bytes]:
+    """Topic T (one queue) with n 1 KB messages, dispatched; their bodies."""
+    await b.create_topic("T", 1)
+    sent = [b"%04d" % i * 250 for i in range(n)]
+    for i in range(0, n, 50):
+        await b.send("T", [OutgoingMessage(body=x, queue_id=0) for x in sent[i:i + 50]])
+    for _ in range(400):
+        if b.dispatcher.position >= b.log.committed_position:
+            break
+        await asyncio.sleep(0.005)
+    return sent
+
+
 def test_regression_a_pull_of_cold_data_does_not_block_the_event_loop(tmp_path):
     fs = ColdDisk()
     cfg = BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=256 * 1024,
@@ -154,14 +167,7 @@ def test_regression_a_pull_of_cold_data_does_not_block_the_event_loop(tmp_path):
         b = build_broker(cfg, fs=fs)
         await b.start()
         try:
-            await b.create_topic("T", 1)
-            sent = [b"%04d" % i * 250 for i in range(300)]     # 1 KB bodies over two commitlog files
-            for i in range(0, len(sent), 50):
-                await b.send("T", [OutgoingMessage(body=x, queue_id=0) for x in sent[i:i + 50]])
-            for _ in range(400):
-                if b.dispatcher.position >= b.log.committed_position:
-                    break
-                await asyncio.sleep(0.005)
+            sent = await fill_topic(b, 300)        # 1 KB bodies over two commitlog files
             wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
             wd.start()
             try:
@@ -211,14 +217,7 @@ def test_a_pull_of_old_commitlog_bytes_through_the_real_file_system_is_fetched_b
         b = build_broker(cfg)
         await b.start()
         try:
-            await b.create_topic("T", 1)
-            sent = [b"%04d" % i * 250 for i in range(400)]
-            for i in range(0, len(sent), 100):
-                await b.send("T", [OutgoingMessage(body=x, queue_id=0) for x in sent[i:i + 100]])
-            for _ in range(400):
-                if b.dispatcher.position >= b.log.committed_position:
-                    break
-                await asyncio.sleep(0.005)
+            sent = await fill_topic(b, 400)
             fills = cold_reads.STATS.count
             first = await b.pull("T", 0, 0, 32)
             later = await b.pull("T", 0, 300, 32)
