@@ -51,12 +51,12 @@ class Compacted(Exception):
 
 
 class NotCached(Exception):
-    """The requested entries are stored but cannot be read now without waiting for the disk
-    (a storage asked with `may_defer`). The storage has started bringing them in; the core
-    pushes nothing to that follower until `RaftCore.entries_fetched()`."""
+    """The requested entries are stored but old: reading them now could wait for the disk (a
+    storage asked with `may_defer`). The storage has started reading them off the event loop;
+    the core pushes nothing to that follower until `RaftCore.entries_fetched()`."""
 
     def __init__(self, index: int) -> None:
-        super().__init__(f"entry {index} is not in memory; it is being read in")
+        super().__init__(f"entry {index} is old and not in memory; it is being read")
         self.index = index
 
 

@@ -272,8 +272,8 @@ class HAService:
             if isinstance(act, SendPush):
                 # One read of up to PUSH_READ_BYTES, written as pushes of at most `cap` bytes each
                 # and drained once: the per-push work is a header and a slice.
-                # Cold bytes (a slave catching up from far back) are read into the page cache
-                # by a worker first, not on the loop (node/store/cold_reads.py).
+                # Old bytes (a slave catching up from far back) are read by a worker, not on
+                # the loop (node/store/cold_reads.py).
                 data = await read_without_stalling(self.source.ha_read, act.offset, act.size) if act.size else b""
                 if core.state is ConnState.CLOSED:
                     return

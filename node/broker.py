@@ -900,7 +900,7 @@ class Broker:
         wait = min(wait, self.config.long_polling_max_wait_ms) if self.config.long_polling_enable else 0
         deadline = time.monotonic() + wait / 1000.0
         while True:
-            # Off the loop only when a read would wait for the disk (node/store/cold_reads.py).
+            # Reads of old bytes (a consumer far behind) are made by a worker (node/store/cold_reads.py).
             result = await read_without_stalling(self._pull_once, cfg.topic, qid, offset, n, sub)
             if result.messages:
                 self.traffic.pulled(cfg.topic, len(result.messages), sum(len(m.body) for m in result.messages))
@@ -912,7 +912,7 @@ class Broker:
             await self._waiters.wait((cfg.topic, qid), remaining)
 
     def _pull_once(self, topic: str, qid: int, offset: int, n: int, sub: Subscription) -> PullResult:
-        """One look at the queue. Only reads (it may run twice, and on a worker thread)."""
+        """One look at the queue. Only reads: it may be tried twice (node/store/cold_reads.py)."""
         lo, hi = self._queue_bounds(topic, qid)
         if offset < lo:
             return PullResult(PULL_OFFSET_ILLEGAL, lo, lo, hi, [])

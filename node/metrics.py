@@ -261,10 +261,10 @@ class NodeCollector:
             yield fs.fsync_seconds.family("rocketmq_fsync_latency_seconds",
                                           "Time of each fsync (data files and directories)")
         fills = cold_reads.STATS      # node/store/cold_reads.py
-        yield CounterMetricFamily("rocketmq_store_cold_read_fills", "Reads (pulls, HA pushes) whose bytes were "
-                                  "outside the page cache, read in by a worker thread off the event loop",
+        yield CounterMetricFamily("rocketmq_store_cold_read_fills", "Reads of old bytes (pulls, HA and DLedger "
+                                  "pushes far behind the log's end) made by a worker thread, off the event loop",
                                   value=fills.count)
-        yield CounterMetricFamily("rocketmq_store_cold_read_fill_seconds", "Time those page-cache fills took",
+        yield CounterMetricFamily("rocketmq_store_cold_read_fill_seconds", "Time those reads took",
                                   value=fills.seconds_total)
         watchdog = getattr(b, "loop_watchdog", None)
         if watchdog is not None:   # node/loop_watchdog.py

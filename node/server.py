@@ -15,7 +15,7 @@ import logging
 import signal
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -32,6 +32,9 @@ from node.store.index_file import IndexService
 from node.store.json_config import ConsumerOffsetTable, TopicConfig, TopicConfigTable
 from node.store.retention import RetentionPolicy
 from node.metrics import TimedFileSystem
+
+if TYPE_CHECKING:    # imported where used: a classic or standalone node only
+    from node.local_log import LocalLogConfig
 
 log = logging.getLogger("node.server")
 # A stop waits this long for API requests in flight (a send waits at most syncFlushTimeout for its

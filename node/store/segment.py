@@ -213,9 +213,10 @@ class SegmentedFile:
                 # the next file, or past the data end, which a plain read decides.
                 if gen != self._gen or not start <= offset < start + len(data):
                     continue
-                rel = offset - start
-                if offset + size <= start + len(data) or len(data) < asked:
-                    # Whole, or cut where _read would cut it too (the data end or a file end).
+                rel, stop = offset - start, start + len(data)
+                if offset + size <= stop or (len(data) < asked and stop % self.segment_size == 0):
+                    # Whole, or cut at a file's end, where _read cuts it too (not at the data end
+                    # of then: appends may have moved it since).
                     return data[rel:rel + size]
         return None
 
