@@ -81,6 +81,10 @@ class BrokerConfig:
     # (ours) A call that blocks the node's event loop this long, ms, is counted and logged with
     # where the loop was (node/loop_watchdog.py); 0 turns the watchdog off.
     loop_stall_warn_ms: int = _key("loopStallWarnMs", 200)
+    # (ours) Pulls and pushes read bytes more than this far behind the end of their files on a
+    # worker thread, never on the event loop (node/store/cold_reads.py); newer bytes are taken
+    # as in the page cache. Process-wide. 0: every such read goes through a worker.
+    cold_read_hot_bytes: int = _key("coldReadHotBytes", 64 * MIB)
     # Period of the consumer-offset snapshot to config/consumerOffset.json, ms.
     flush_consumer_offset_interval_ms: int = _key("flushConsumerOffsetInterval", 5000)
     # (ours) Pause between two scrubber passes over the committed log, ms (node/store/scrub.py);
@@ -396,6 +400,7 @@ _CHECKS = (
     _in_range("disk_space_warning_level_ratio_pct", 10, 99),
     _in_range("flush_consumer_offset_interval_ms", 100, 600_000),
     _in_range("loop_stall_warn_ms", 0, 600_000),
+    _in_range("cold_read_hot_bytes", 0, 1 << 50),
     _in_range("store_scrub_interval_ms", 10, 86_400_000),
     _in_range("store_scrub_rate_mb", 0, 10_000),
     _check_ip,

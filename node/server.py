@@ -233,6 +233,8 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
         watchdog = LoopWatchdog(warn_s=config.loop_stall_warn_ms / 1000,
                                 beat_s=min(0.02, config.loop_stall_warn_ms / 4000))
         watchdog.start(loop)
+    from node.store import cold_reads
+    cold_reads.HOT_BYTES = config.cold_read_hot_bytes
     broker = build_broker(config)
     broker.loop_watchdog = watchdog
     add_term_to_logs(broker)

@@ -368,3 +368,13 @@ def test_regression_a_leader_catching_up_a_follower_from_cold_entries_keeps_its_
     assert caught_up, "the follower caught up"
     assert wd.stalls == 0, f"a loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
     assert deferred >= 1 and reads, "the leader read cold entries, off the loop"
+
+
+def test_cold_read_hot_bytes_is_a_broker_conf_key_with_a_floor(tmp_path, monkeypatch):
+    from node.config import ConfigError, load_config
+    path = tmp_path / "broker.conf"
+    path.write_text(f"storePathRootDir={tmp_path}\ncoldReadHotBytes=0\n")
+    assert load_config(str(path)).cold_read_hot_bytes == 0
+    monkeypatch.setenv("MQSTORE_coldReadHotBytes", "-1")
+    with pytest.raises(ConfigError, match="cold_read_hot_bytes|coldReadHotBytes"):
+        load_config(str(path))
