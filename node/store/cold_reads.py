@@ -43,6 +43,8 @@ MAX_FETCH_ROUNDS = 64       # a pull touches at most a few dozen old ranges; the
 FETCH_BYTES = 256 * 1024    # a fetch reads at least this much from the old offset on (the records after it)
 FETCH_AHEAD_MAX = 4 << 20   # and, for a larger read, as much again (up to this): the next batch of a catch-up
 FETCH_SLOTS = 8             # fetched ranges a file keeps for the loop's next tries (oldest dropped first)
+FETCH_SLOT_BYTES = 16 << 20 # and at most this many bytes of them
+FETCH_SLOT_TTL_S = 5.0      # a fetched range older than this is dropped (its memory freed) at the next lookup
 HOT_BYTES = 64 << 20        # reads this close to a file set's end are taken as cached, made on the loop (coldReadHotBytes)
 
 

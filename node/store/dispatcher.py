@@ -39,6 +39,7 @@ from node.log_throttle import LogThrottle
 from node.replicated_log import ReplicatedLog, ScanBatch
 from node.store import layout as L
 from node.store.checkpoint import Checkpoint
+from node.store.cold_reads import read_without_stalling
 from node.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from node.store.errors import CorruptRecord, StoreError
 from node.store.index_file import IndexService
@@ -239,7 +240,7 @@ class Dispatcher:
                         await asyncio.sleep(linger)    # let a trickle of small commits gather into one batch
                 try:
                     if self.position < self.log.committed_position:
-                        self.dispatch_once()
+                        await self._dispatch_next()
                     if flushing is not None and flushing.done():
                         done, flushing = flushing, None
                         done.result()                  # its error is this loop's (ENOSPC: below)
@@ -338,7 +339,19 @@ class Dispatcher:
     def dispatch_once(self) -> int:
         """Dispatch one bounded batch from `position`; return the records dispatched."""
         position = self.position
-        spans, next_position = self._scan(position)
+        return self._dispatch_scanned(position, *self._scan(position))
+
+    async def _dispatch_next(self) -> int:
+        """dispatch_once, with its read of old log bytes (a re-dispatch from far back after a
+        restart) made by a cold-read worker, not on the loop (node/store/cold_reads.py)."""
+        position = self.position
+        spans, next_position = await read_without_stalling(self._scan, position)
+        if self.position != position:       # reset meanwhile (a truncation): scan again
+            return 0
+        return self._dispatch_scanned(position, spans, next_position)
+
+    def _dispatch_scanned(self, position: int, spans: Sequence[tuple[bytes, int, int, int]],
+                          next_position: int) -> int:
         assert next_position > position or self.log.committed_position <= position, (
             f"log.scan made no progress at {position} below committed {self.log.committed_position}")
         try:

@@ -20,6 +20,7 @@ import collections
 import functools
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from node.store import cold_reads
@@ -103,8 +104,8 @@ class SegmentedFile:
         self._closed = False
         self._names = DeferredDirSync(fs, directory)    # an append's new segment: named durable by flush()
         # Old bytes read by cold-read workers for the loop's next try (node/store/cold_reads.py):
-        # (generation, offset, bytes, bytes asked); a change of old bytes bumps the generation.
-        self._fetched: collections.deque[tuple[int, int, bytes, int]] = collections.deque(maxlen=cold_reads.FETCH_SLOTS)
+        # (generation, offset, bytes, bytes asked, when); a change of old bytes bumps the generation.
+        self._fetched: collections.deque[tuple[int, int, bytes, int, float]] = collections.deque()
         self._fetch_lock = threading.Lock()
         self._gen = 0
 
@@ -208,7 +209,10 @@ class SegmentedFile:
 
     def _from_fetched(self, offset: int, size: int) -> bytes | None:
         with self._fetch_lock:
-            for gen, start, data, asked in self._fetched:
+            fetched, expired = self._fetched, time.monotonic() - cold_reads.FETCH_SLOT_TTL_S
+            while fetched and fetched[0][4] < expired:
+                fetched.popleft()
+            for gen, start, data, asked, _at in fetched:
                 # offset inside the slot: a read that starts where a cut slot ends starts in
                 # the next file, or past the data end, which a plain read decides.
                 if gen != self._gen or not start <= offset < start + len(data):
@@ -233,7 +237,11 @@ class SegmentedFile:
             gen, data = self._gen, self._read(offset, asked)
         with self._fetch_lock:
             if gen == self._gen:
-                self._fetched.append((gen, offset, data, asked))
+                fetched = self._fetched
+                fetched.append((gen, offset, data, asked, time.monotonic()))
+                held = sum(len(f[2]) for f in fetched)
+                while len(fetched) > cold_reads.FETCH_SLOTS or (len(fetched) > 1 and held > cold_reads.FETCH_SLOT_BYTES):
+                    held -= len(fetched.popleft()[2])
 
     def forget_fetched(self) -> None:
         """Bytes a fetch may hold were cut, deleted or rewritten in place: drop every fetched
