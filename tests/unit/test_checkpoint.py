@@ -45,17 +45,17 @@ def test_save_then_load_round_trips(tmp_path):
 @given(st.integers(0, L.CHECKPOINT.size * 8 - 1))
 def test_any_bit_flip_is_detected_and_means_full_redispatch(bit):
     import tempfile
-    root = tempfile.mkdtemp()
-    fs = FileSystem()
-    cp = Checkpoint(fs, root)
-    cp.committed_offset, cp.logics_msg_timestamp = 999, 5
-    cp.save()
-    raw = bytearray(open(cp.path, "rb").read())
-    raw[bit // 8] ^= 1 << (bit % 8)
-    open(cp.path, "wb").write(bytes(raw))
-    again = Checkpoint(fs, root)
-    assert again.load() is False
-    assert fields(again) == (0, 0, 0, 0)
+    with tempfile.TemporaryDirectory() as root:     # one per example, removed (not left in /tmp)
+        fs = FileSystem()
+        cp = Checkpoint(fs, root)
+        cp.committed_offset, cp.logics_msg_timestamp = 999, 5
+        cp.save()
+        raw = bytearray(open(cp.path, "rb").read())
+        raw[bit // 8] ^= 1 << (bit % 8)
+        open(cp.path, "wb").write(bytes(raw))
+        again = Checkpoint(fs, root)
+        assert again.load() is False
+        assert fields(again) == (0, 0, 0, 0)
 
 
 def test_damage_is_logged_clearly(tmp_path, caplog):
