@@ -250,8 +250,7 @@ class RaftLog:
         result: list[Entry] = []
         if lo < self._offset:
             stop = min(hi, self._offset)
-            result = self._storage.entries(lo, stop, max_bytes, may_defer) if may_defer else \
-                self._storage.entries(lo, stop, max_bytes)
+            result = self._storage.entries(lo, stop, max_bytes, may_defer)
             if lo + len(result) < stop:
                 return result  # the byte budget ran out inside storage
             lo = stop

@@ -119,17 +119,14 @@ def _pool() -> concurrent.futures.ThreadPoolExecutor:
 
 async def read_without_stalling(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` on the loop, its reads of old bytes fetched by a worker first."""
-    mode = _mode
     for _ in range(MAX_FETCH_ROUNDS):
-        mode.nowait = True
         try:
-            return fn(*args)
+            with no_disk_waits():
+                return fn(*args)
         except DiskWait as e:
             if e.fetch is None:
                 break
             fetch = e.fetch
-        finally:
-            mode.nowait = False
         await fill(fetch)
     return fn(*args)
 
