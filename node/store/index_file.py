@@ -279,10 +279,12 @@ class IndexFile:
             self.handle.pwrite(part.tobytes(), HEADER.size + lo * SLOT.size)
         self._dirty_pages.clear()
 
-    def seal(self) -> None:
-        """Full: flush and drop the in-memory slot table."""
-        self.flush()
+    def seal(self) -> bool:
+        """Full: write everything out and drop the in-memory slot table. No fsync: True when
+        one is due (sync()), which the owner makes off the event loop."""
+        due = self.write_out()
         self._slots = None
+        return due
 
     # --- reads ------------------------------------------------------------------------------
     def _slot(self, slot: int) -> int:
@@ -346,10 +348,11 @@ class IndexService:
         self.max_entries = max_entries
         self.files: list[IndexFile] = []
         self._hasher = _KeyHasher()
-        # sync() may run on a worker thread (the dispatcher's flush): it holds this lock, and
-        # so do write_out() and whatever closes a file, so no fsync meets a closed descriptor.
+        # sync() may run on a worker thread (the dispatcher's flush): it holds this lock over
+        # its fsyncs, and so does whatever closes a file, so no fsync meets a closed descriptor.
         self._io = threading.Lock()
-        self._sync_due: IndexFile | None = None     # written out, not yet fsynced
+        self._sync_due: list[IndexFile] = []        # written out, not yet fsynced (a few at most)
+        self._due_lock = threading.Lock()           # only for _sync_due: never held over an fsync
         self._names = DeferredDirSync(fs, self.directory)     # a new file's name: made durable by sync()
 
     # --- startup ----------------------------------------------------------------------------
@@ -367,8 +370,8 @@ class IndexService:
                 if f.entries > 0 and f.end_phy_offset >= log_end_physical:
                     repaired.append(f.name)
                     self._rebuild_below(f, log_end_physical)
-        if self.files and self.files[-1].is_full:
-            self.files[-1].seal()
+        if self.files and self.files[-1].is_full and self.files[-1].seal():
+            self.files[-1].sync()
         return repaired
 
     def _rebuild_below(self, f: IndexFile, end_phys: int) -> None:
@@ -432,8 +435,11 @@ class IndexService:
         last = self.files[-1] if self.files else None
         if last is not None and last.writable and not last.is_full:
             return last
-        if last is not None and last.writable:
-            last.seal()
+        if last is not None and last.writable and last.seal():
+            # Its fsync goes with the next flush, on the flush thread, as RocketMQ's IndexService
+            # flushes a full file on a thread of its own: made here, on the event loop, it
+            # took up to 2 s behind other writers and silenced a leader's heartbeats (an election).
+            self._due(last)
         # Named by the first message's store time, kept strictly increasing so names sort.
         ms = store_timestamp
         if last is not None:
@@ -490,16 +496,23 @@ class IndexService:
         """On the owner's loop: the writable file's buffered entries, slot pages and header
         into the file; sync() then makes them durable."""
         if self.files and self.files[-1].writable and self.files[-1].write_out():
-            with self._io:
-                self._sync_due = self.files[-1]
+            self._due(self.files[-1])
+
+    def _due(self, f: IndexFile) -> None:
+        with self._due_lock:
+            if f not in self._sync_due:
+                self._sync_due.append(f)
 
     def sync(self) -> None:
-        """fsync what write_out() wrote. Safe on a worker thread beside build_index()."""
+        """fsync what write_out() and a roll (a sealed file) wrote. Safe on a worker thread
+        beside build_index()."""
+        with self._due_lock:
+            due, self._sync_due = self._sync_due, []
         with self._io:
-            f, self._sync_due = self._sync_due, None
             self._names.sync()
-            if f is not None and not f.closed:
-                f.sync()
+            for f in due:
+                if not f.closed:
+                    f.sync()
 
     # --- reads, expiry ------------------------------------------------------------------------
     def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:

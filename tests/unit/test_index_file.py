@@ -122,6 +122,46 @@ def test_restart_keeps_flushed_entries_and_crash_loses_unflushed(tmp_path):
     assert again.query("T", "late", *ALL, 4) == [999]
 
 
+def test_regression_a_roll_makes_no_fsync_and_the_next_flush_makes_the_sealed_file_durable(tmp_path):
+    """A full file was sealed with an fsync on the dispatcher's (event loop's) path: under
+    other writers it took 2 s and a DLedger leader's followers called an election. The
+    fsync now goes with the next flush (the dispatcher makes it on a worker thread)."""
+    fs = FaultyFileSystem()
+    idx = service(tmp_path, slots=3, entries=5, fs=fs)      # 4 entries per file
+    idx.put("T", "k0", 0, T0)
+    idx.flush()                                             # the first file and its name are durable
+    fs.fail_fsync = True                                    # any fsync now raises
+    for i in range(1, 6):
+        idx.put("T", f"k{i}", i * 10, T0 + i)               # rolls once: no fsync on this path
+    assert len(idx.files) == 2 and not idx.files[0].writable
+    fs.fail_fsync = False
+    idx.flush()                                             # the sealed file and the new one
+    fs.crash()
+    idx.close()
+    again = service(tmp_path, slots=3, entries=5, fs=fs)
+    assert [again.query("T", f"k{i}", *ALL, 4) for i in range(6)] == [[i * 10] for i in range(6)]
+
+
+def test_a_sealed_file_not_yet_flushed_is_lost_by_a_crash_and_re_dispatched(tmp_path):
+    """The other side: before the flush nothing claims the sealed file durable (the
+    checkpoint follows flushes), so a crash may lose its tail and the dispatcher, starting
+    from the checkpoint, indexes those messages again."""
+    fs = FaultyFileSystem()
+    idx = service(tmp_path, slots=3, entries=5, fs=fs)
+    idx.put("T", "k0", 0, T0)
+    idx.flush()
+    for i in range(1, 6):
+        idx.put("T", f"k{i}", i * 10, T0 + i)
+    fs.crash()
+    idx.close()
+    again = service(tmp_path, slots=3, entries=5, fs=fs)
+    assert again.query("T", "k0", *ALL, 4) == [0]
+    assert again.end_phy_offset == 0
+    for i in range(1, 6):
+        again.put("T", f"k{i}", i * 10, T0 + i)             # re-dispatched from the checkpoint
+    assert [again.query("T", f"k{i}", *ALL, 4) for i in range(6)] == [[i * 10] for i in range(6)]
+
+
 def test_files_past_the_log_end_are_rebuilt_without_those_entries(tmp_path):
     fs = FileSystem()
     idx = service(tmp_path, slots=3, entries=5, fs=fs)
