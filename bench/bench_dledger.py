@@ -16,6 +16,13 @@ HTTP request costs. Cases (each bounded in messages and seconds):
 - sync_flush_64     SYNC_FLUSH on every replica, 64 producers, `SYNC_BATCH` messages each
 - failover          kill -9 of the leader -> first write acknowledged by the new leader;
                     the killed node is restarted and catches up before the next kill
+- catch_up          a follower stopped while the leader takes `CATCH_UP_MIB` MiB, the leader's
+                    commitlog then dropped from the page cache but for its newest 64 MiB
+                    (posix_fadvise DONTNEED on our own descriptors; what coldReadHotBytes
+                    takes as cached), the follower restarted: its catch-up in MB/s, and a
+                    producer sending one at a time meanwhile (p50/p99/max against the same
+                    producer just before, with every node up: `ratio_to_anchor`), and the
+                    leader's event-loop stalls over loopStallWarnMs (200 ms) meanwhile (/metrics)
 
 Anchors (bench/anchors.py, same run): NATS JetStream R3 async msgs/s and sync p99. Figures
 follow bench_store.figure(): value, unit, target, anchor, ratio_to_anchor, meets_target.
@@ -62,7 +69,10 @@ START_TIMEOUT_S = 30.0
 LEADER_TIMEOUT_S = 15.0
 FAILOVER_GIVE_UP_S = 15.0   # a kill with no acked write by then counts as this long
 REQUEST_TIMEOUT_S = 10.0
-CASES = ("async_batched", "per_message_256", "one_at_a_time", "sync_flush_64", "failover")
+CATCH_UP_MIB = 384          # > the leader's 64 MiB entry cache + coldReadHotBytes (64 MiB)
+CATCH_UP_GIVE_UP_S = 180.0
+COLD_READ_HOT_BYTES = 64 << 20   # broker.conf coldReadHotBytes' default
+CASES = ("async_batched", "per_message_256", "one_at_a_time", "sync_flush_64", "failover", "catch_up")
 
 
 class Node(lc.NodeProc):
@@ -514,6 +524,135 @@ async def failover_case(cluster: Cluster, kills: int) -> dict:
                                kills=len(times), all_s=[round(t, 3) for t in times], load1=load1())}
 
 
+async def cluster_doc(session: aiohttp.ClientSession, n: Node) -> dict:
+    try:
+        async with session.get(f"{n.url}/cluster", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return (await r.json()).get("log", {})
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return {}
+
+
+def drop_old_from_page_cache(data_dir: Path, end: int, keep: int) -> int:
+    """Write back, then drop from the page cache, the bytes of the commitlog segments in
+    `data_dir` (files named by base offset) below `end - keep`: what a node has not touched
+    for a while, while its newest `keep` bytes stay cached as they would (the node reads
+    those on its loop: coldReadHotBytes). Our own descriptors: no root, no system-wide drop."""
+    below, dropped = end - keep, 0
+    for path in sorted(data_dir.iterdir()):
+        if not path.name.isdigit():
+            continue
+        base = int(path.name)
+        n = min(path.stat().st_size, below - base)
+        if n <= 0:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, n, os.POSIX_FADV_DONTNEED)
+            dropped += n
+        finally:
+            os.close(fd)
+    return dropped
+
+
+async def loop_stalls(session: aiohttp.ClientSession, n: Node) -> dict[str, float]:
+    """`n`'s rocketmq_event_loop_stall_seconds series from /metrics (every stall over
+    loopStallWarnMs): `_count`, `_sum`, and `_bucket{le="..."}` by bound."""
+    try:
+        async with session.get(f"{n.url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            text = await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("rocketmq_event_loop_stall_seconds"):
+            name, _, value = line.rpartition(" ")
+            out[name[len("rocketmq_event_loop_stall_seconds"):]] = float(value)
+    return out
+
+
+async def one_at_a_time_until(sender, payload, done, give_up_s: float) -> tuple[list[float], dict]:
+    """Send one message at a time until `done()` is true (checked every 100 ms) or `give_up_s`."""
+    lat: list[float] = []
+    state = {"acked": 0, "errors": 0, "first_error": None}
+    stop = asyncio.Event()
+
+    async def watch() -> None:
+        t_end = time.perf_counter() + give_up_s
+        while time.perf_counter() < t_end and not await done():
+            await asyncio.sleep(0.1)
+        stop.set()
+
+    watcher = asyncio.create_task(watch())
+    t0 = time.perf_counter()
+    while not stop.is_set():
+        t = time.perf_counter()
+        try:
+            state["acked"] += await sender.send(payload)
+            lat.append(time.perf_counter() - t)
+        except (NotLeaderAnswer, aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, OSError) as e:
+            state["errors"] += 1
+            state["first_error"] = state["first_error"] or repr(e)[:300]
+            await asyncio.sleep(0.01)
+    await watcher
+    lat.sort()
+    return lat, {"msgs": state["acked"], "errors": state["errors"], "first_error": state["first_error"],
+                 "seconds": round(time.perf_counter() - t0, 3)}
+
+
+async def catch_up_case(cluster: Cluster, quick: bool) -> dict:
+    mib = CATCH_UP_MIB // 2 if quick else CATCH_UP_MIB
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=BATCH_CONNS + 8)) as session:
+        await wait_healthy(session, cluster, cluster.nodes)
+        leader = await find_leader(session, cluster)
+        await send(session, f"{leader.url}/topics/{TOPIC}/messages", batch_payload(16))   # creates the topic
+        follower = next(n for n in cluster.nodes if n is not leader)
+        sender = StreamSender(session, cluster, leader)
+        try:
+            one = sender.payload(1)
+            await load(sender, one, 1, 1, 1.0, 5_000)                                      # warm-up
+            before_lat: list[float] = []
+            before = await load(sender, one, 1, 1, 3.0 if quick else 6.0, 20_000, before_lat)
+            before_lat.sort()
+            follower.stop(10)
+            start_pos = (await cluster_doc(session, leader)).get("committed_position", 0)
+            target = start_pos + mib * 1024 * 1024
+            while (await cluster_doc(session, leader)).get("committed_position", 0) < target:
+                await load(sender, sender.payload(BATCH), BATCH, BATCH_CONNS, 2.0, 200_000)
+            behind = (await cluster_doc(session, leader)).get("committed_position", 0) - start_pos
+            end = (await cluster_doc(session, leader)).get("committed_position", 0)
+            dropped = drop_old_from_page_cache(leader.config.parent / "store" / f"dledger-{leader.node_id}" / "data",
+                                               end, COLD_READ_HOT_BYTES)
+            leader_last = (await cluster_doc(session, leader)).get("last_index", 0)
+            stalls_before = await loop_stalls(session, leader)
+            t_start = time.perf_counter()
+            caught: dict = {}
+
+            async def caught_up() -> bool:
+                if "s" not in caught and (await cluster_doc(session, follower)).get("applied_index", 0) >= leader_last:
+                    caught["s"] = time.perf_counter() - t_start
+                return "s" in caught
+
+            cluster.start_node(follower)
+            lat, r = await one_at_a_time_until(sender, one, caught_up, CATCH_UP_GIVE_UP_S)
+            stalls_after = await loop_stalls(session, leader)
+        finally:
+            sender.close()
+    secs = caught.get("s")
+    p99_before, p99 = pct_ms(before_lat, 0.99), pct_ms(lat, 0.99)
+    stalls = {k: round(v - stalls_before.get(k, 0.0), 3) for k, v in stalls_after.items()
+              if k in ("_count", "_sum", '_bucket{le="0.05"}', '_bucket{le="0.1"}')}
+    return {"catch_up": figure(round(behind / 1e6 / secs, 1) if secs else 0.0, "MB/s", None, None, None,
+                               meets=None, bytes_behind=behind, seconds=round(secs, 2) if secs else None,
+                               gave_up=secs is None, page_cache_dropped_bytes=dropped,
+                               leader_loop_stalls=stalls),
+            "catch_up_producer": figure(p99 or 0.0, "ms p99", None, "one_at_a_time_before_catch_up_p99",
+                                        p99_before, meets=None, p50_ms=pct_ms(lat, 0.5), p99_ms=p99,
+                                        max_ms=pct_ms(lat, 1.0), before_p50_ms=pct_ms(before_lat, 0.5),
+                                        before_p99_ms=p99_before, before_msgs_per_s=round(before["msgs_per_s"], 1),
+                                        **r)}
+
+
 def node_errors(cluster: Cluster, limit: int = 5) -> list[str]:
     """The first ERROR/CRITICAL log lines of the nodes: a failed request names its cause here."""
     out: list[str] = []
@@ -586,8 +725,11 @@ def run(quick: bool = False, anchors: dict | None = None, cases: set[str] | None
         if "failover" in cases:
             _case(out, ["failover"], lambda: run_cluster(work / "failover", "ASYNC_FLUSH",
                                                          lambda c: failover_case(c, 3 if quick else 20)))
+        if "catch_up" in cases:
+            _case(out, ["catch_up", "catch_up_producer"],
+                  lambda: run_cluster(work / "catch_up", "ASYNC_FLUSH", lambda c: catch_up_case(c, quick)))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True) if not os.environ.get("KEEPWORK") else print(work, file=sys.stderr)
     out["elapsed_s"] = round(time.monotonic() - t0, 1)
     return out
 

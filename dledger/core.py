@@ -138,9 +138,14 @@ class RaftConfig:
     push_timeout_ticks: int = 20
     # APPEND batches in flight per follower, not yet acknowledged.
     max_inflight_pushes: int = 64
+    # APPEND batches sent to one follower per turn (a ready() call, an ack): a follower far
+    # behind fills its pipeline over many short turns, and the shell can end a round between
+    # them, so the event loop serves producers meanwhile instead of encoding the whole
+    # pipeline (64 batches of up to max_batch_bytes) at once.
+    pushes_per_turn: int = 2
     # Size bounds of one APPEND batch (a batch always carries >= 1 entry).
-    max_batch_entries: int = 1024
-    max_batch_bytes: int = 4 * 1024 * 1024
+    max_batch_entries: int = 256
+    max_batch_bytes: int = 1024 * 1024
     # Out-of-order pushes a follower keeps while waiting for a gap to fill.
     max_parked_pushes: int = 64
     # The leader refuses proposals (ProposalDropped) beyond this many entries
@@ -161,6 +166,7 @@ class RaftConfig:
             "heartbeat_ticks",
             "push_timeout_ticks",
             "max_inflight_pushes",
+            "pushes_per_turn",
             "max_batch_entries",
             "max_batch_bytes",
             "max_parked_pushes",
@@ -850,8 +856,9 @@ class RaftCore:
         )
 
     def _send_pushes(self, peer: str, progress: _Progress) -> None:
-        """Fill the pipeline: batches go out without waiting for acks."""
-        for _ in range(self._cfg.max_inflight_pushes):
+        """Fill the pipeline, `pushes_per_turn` batches at a time: batches go out without
+        waiting for acks."""
+        for _ in range(self._cfg.pushes_per_turn):
             if not self._can_push(progress):
                 return
             if progress.next < self._log.first_index():

@@ -68,6 +68,7 @@ SYNC_FLUSH = "SYNC_FLUSH"
 ASYNC_FLUSH = "ASYNC_FLUSH"
 REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refused appends
 MAX_FILLS = 2                   # pushes' old entries being read by workers at once (node/store/cold_reads.py)
+ROUND_SEND_BYTES = 1 << 20       # a round ends once it has queued this much (it then wakes the next)
 
 
 class _Stalled(Exception):
@@ -329,11 +330,17 @@ class RaftNode:
         if self._stalled is not None and time.monotonic() - self._stall_tried_at < self.config.tick_ms / 1000:
             return      # one try per tick: a failed one costs a truncate and an fsync
         handled: list[Ready] = []
+        # A round ends once it has queued ROUND_SEND_BYTES (pushes to a follower far behind)
+        # and the next one is scheduled: producers and pulls are served in between.
+        send_budget_end = self.transport.queued_bytes + ROUND_SEND_BYTES
         try:
             if self._stalled is not None:
                 self._stall_tried_at = time.monotonic()
                 self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
             while self._ticks_due or self._inbox or self._durable_grew or self._fetched or core.has_ready():
+                if self.transport.queued_bytes >= send_budget_end:
+                    self._wake.set()
+                    break
                 if self._fetched:
                     self._fetched = False
                     core.entries_fetched()
@@ -349,7 +356,7 @@ class RaftNode:
                 for _ in range(min(len(self._inbox), self.config.max_steps_per_round)):
                     sender, msg = self._inbox.popleft()
                     core.step(sender, msg)
-                while core.has_ready():
+                while core.has_ready() and self.transport.queued_bytes < send_budget_end:
                     self._handle(core.ready(), handled)
         except _Stalled:
             pass    # inputs wait in the (bounded) inbox; the next tick retries the Ready

@@ -144,6 +144,7 @@ class Transport:
         self._closing = False
         self._flush_scheduled = False
         self.metrics = collections.Counter()
+        self.queued_bytes = 0       # every frame queued so far (the shell bounds a round by it)
         self._security = self.config.security or peer_auth.NO_SECURITY
 
     # --- lifecycle ---------------------------------------------------------------------
@@ -187,6 +188,7 @@ class Transport:
             peer.queue.popleft()
             self.metrics["dropped_queue_full"] += 1
         peer.queue.append(framed)
+        self.queued_bytes += len(framed)
         if not self._flush_scheduled:
             # The Raft loop flushes at the end of its round, before this runs; a send from
             # anywhere else leaves in the next turn. One callback per turn, not a task wake-up

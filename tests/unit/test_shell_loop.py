@@ -219,3 +219,58 @@ def test_regression_a_slow_checkpoint_does_not_stall_the_event_loop(tmp_path):
             await node.stop()
 
     asyncio.run(scenario())
+
+
+def test_regression_a_leader_catching_up_a_follower_pushes_in_short_rounds(tmp_path, monkeypatch):
+    """A follower far behind: the leader filled the whole push window in one round (64
+    batches of 1024 entries read, checked and encoded), so every producer waited behind it.
+    Measured with bench_dledger's catch_up (a follower 400 MB behind, a producer sending one
+    at a time): 190-240 rounds over 8 ms in 5 s, p99 25-35 ms. Now the core pushes
+    `pushes_per_turn` batches per turn and a round ends once it has queued
+    ROUND_SEND_BYTES, waking the next; the follower still catches up."""
+    from dledger import shell as S
+    monkeypatch.setattr(S, "ROUND_SEND_BYTES", 64 * 1024)
+    config = RaftConfig(max_batch_entries=16, max_batch_bytes=16 * 1024)
+    peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
+
+    def make(n: str) -> RaftNode:
+        store = EntryStore(FileSystem(), str(tmp_path / n), n, data_segment_size=1 << 22,
+                           index_segment_size=32 * 8192)
+        return RaftNode(n, "g", peers, store, config, ShellConfig(tick_ms=20), rng=random.Random(n))
+
+    async def scenario():
+        nodes = {n: make(n) for n in ("n0", "n1")}
+        for node in nodes.values():
+            await node.start()
+        try:
+            await _until(lambda: any(x.core.role.name == "LEADER" for x in nodes.values()), tries=1000)
+            leader = next(x for x in nodes.values() if x.core.role.name == "LEADER")
+            for i in range(200):                    # 4000 entries of 1 KiB: 4 MB behind
+                leader.propose([bytes([i % 251]) * 1024] * 20)
+                await asyncio.sleep(0)
+            last = leader.core.last_index
+            await _until(lambda: leader.core.commit_index >= last, tries=1000)
+            rounds: list[int] = []
+            real_round = leader._round
+
+            def measured_round():
+                before = leader.transport.queued_bytes
+                real_round()
+                rounds.append(leader.transport.queued_bytes - before)
+
+            leader._round = measured_round
+            late = nodes["n2"] = make("n2")
+            await late.start()
+            await _until(lambda: late.store.last_index() >= last, tries=1500)
+            return late.store.last_index() >= last, rounds, config
+        finally:
+            for node in nodes.values():
+                await node.stop()
+
+    caught_up, rounds, config = asyncio.run(scenario())
+    assert caught_up, "the follower caught up"
+    # One Ready past the budget at most: pushes_per_turn batches to each of 2 followers.
+    bound = 64 * 1024 + 2 * config.pushes_per_turn * (config.max_batch_bytes + 4096)
+    big = [r for r in rounds if r > 16 * 1024]
+    assert len(big) >= 20, f"the catch-up took {len(big)} rounds of pushes: {sorted(rounds)[-5:]}"
+    assert max(rounds) <= bound, f"a round queued {max(rounds)} bytes (bound {bound})"
