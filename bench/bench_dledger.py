@@ -729,7 +729,7 @@ def run(quick: bool = False, anchors: dict | None = None, cases: set[str] | None
             _case(out, ["catch_up", "catch_up_producer"],
                   lambda: run_cluster(work / "catch_up", "ASYNC_FLUSH", lambda c: catch_up_case(c, quick)))
     finally:
-        shutil.rmtree(work, ignore_errors=True) if not os.environ.get("KEEPWORK") else print(work, file=sys.stderr)
+        shutil.rmtree(work, ignore_errors=True)
     out["elapsed_s"] = round(time.monotonic() - t0, 1)
     return out
 
