@@ -307,9 +307,9 @@ async def message_by_queue_offset(request: web.Request) -> web.Response:
 async def commit_offset(request: web.Request) -> web.Response:
     doc = await read_doc(request)
     group = request.match_info["group"]
-    await broker_of(request).commit_offset(group, doc.get("topic"), doc.get("queue_id"), doc.get("offset"))
+    status = await broker_of(request).commit_offset(group, doc.get("topic"), doc.get("queue_id"), doc.get("offset"))
     return reply(request, {"group": group, "topic": doc["topic"], "queue_id": doc["queue_id"],
-                           "offset": doc["offset"]})
+                           "offset": doc["offset"], "status": status.value})
 
 
 async def read_offsets(request: web.Request) -> web.Response:

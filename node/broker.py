@@ -31,7 +31,7 @@ from node.config import BrokerConfig
 from node.fence import WRITABLE_ROLES
 from node.log_throttle import LogThrottle
 from node.metrics import TrafficStats
-from node.replicated_log import ReplicatedLog
+from node.replicated_log import PutStatus, ReplicatedLog
 from node.store import layout as L
 from node.store import message as M
 from node.store.cold_reads import read_without_stalling
@@ -632,12 +632,15 @@ class Broker:
             return
         self._offsets_dirty = True
 
-    async def _append_system(self, topic: str, record: dict) -> None:
-        """Append one system record and wait until the dispatcher has applied it here."""
+    async def _append_system(self, topic: str, record: dict) -> PutStatus:
+        """Append one system record and wait until the dispatcher has applied it here. Its put
+        status: a SYNC_MASTER's FLUSH_SLAVE_TIMEOUT or SLAVE_NOT_AVAILABLE means stored and
+        applied here, its replication not confirmed (as for a message)."""
         draft = MessageDraft(topic=topic, queue_id=SYSTEM_QUEUE, body=msgpack.packb(record), properties={},
                              born_timestamp=self.clock_ms()).seal(self.config.max_message_size)
         (result,) = await self.log.append([draft])
         await self._applied.wait(result.physical_offset, SYSTEM_APPLY_TIMEOUT_S)
+        return result.status
 
     # --- topics --------------------------------------------------------------------------------
     async def create_topic(self, topic: Any, queues: Any = None, perm: Any = None, *,
@@ -954,8 +957,9 @@ class Broker:
         return out, offset
 
     # --- consumer offsets (clustering) -------------------------------------------------------------
-    async def commit_offset(self, group: Any, topic: Any, queue_id: Any, offset: Any) -> None:
-        """Replicated through the log; returns once applied here, so a read sees it."""
+    async def commit_offset(self, group: Any, topic: Any, queue_id: Any, offset: Any) -> PutStatus:
+        """Replicated through the log; returns once applied here, so a read sees it, with the
+        record's put status (SEND_OK, or a SYNC_MASTER's slave status: see _append_system)."""
         group = check_group(group)
         cfg = self.topic(topic)
         qid = check_int("queue_id", queue_id, 0, MAX_QUEUES_PER_TOPIC)
@@ -966,8 +970,8 @@ class Broker:
         if offset > hi:
             raise BadRequest(f"offset {offset} is past the queue's max offset {hi}")
         with self._group_slot(group, cfg.topic):
-            await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
-                                                            "queue_id": qid, "offset": offset})
+            return await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
+                                                                   "queue_id": qid, "offset": offset})
 
     def _group_slot(self, group: str, topic: str) -> Any:
         """maxConsumerGroups around a commit of `group`'s offsets on `topic`."""

@@ -109,7 +109,7 @@ def _paths() -> dict[str, Any]:
         "/groups/{group}/offsets": {
             "post": {"summary": "Commit a consumer offset (clustering; replicated through the log)",
                      "parameters": [GROUP], "requestBody": _body(_ref("OffsetCommit")),
-                     "responses": {"200": _ok(_ref("OffsetCommit")), **_errors(400, 404, 421, 503)}},
+                     "responses": {"200": _ok(_ref("OffsetCommitted")), **_errors(400, 404, 421, 503)}},
             "get": {"summary": "Read a group's committed offsets",
                     "parameters": [GROUP, _param("topic", "query", "string", "only this topic")],
                     "responses": {"200": _ok({"type": "object", "properties": {
@@ -235,6 +235,13 @@ def _schemas() -> dict[str, Any]:
                                           "action": {"enum": ["COMMIT", "ROLLBACK"]}}},
         "OffsetCommit": {"type": "object", "required": ["topic", "queue_id", "offset"], "properties": {
             "group": string, "topic": string, "queue_id": integer, "offset": integer}},
+        # The commit's put status: SEND_OK, or on a SYNC_MASTER stored and applied on the
+        # master with its replication not confirmed (FLUSH_SLAVE_TIMEOUT, SLAVE_NOT_AVAILABLE).
+        "OffsetCommitted": {"type": "object", "required": ["group", "topic", "queue_id", "offset", "status"],
+                            "properties": {"group": string, "topic": string, "queue_id": integer,
+                                           "offset": integer, "status": {"enum": [
+                                               "SEND_OK", "FLUSH_DISK_TIMEOUT", "FLUSH_SLAVE_TIMEOUT",
+                                               "SLAVE_NOT_AVAILABLE"]}}},
     }
 
 

@@ -382,3 +382,31 @@ def test_regression_demoted_live_master_truncates_and_catches_up(tmp_path, caplo
         assert EpochFile(FileSystem(), str(tmp_path / "a")).load() == EpochFile(FileSystem(), str(tmp_path / "b")).load()
         await a2.stop()
     asyncio.run(main())
+
+
+def test_an_offset_commit_on_a_sync_master_without_slave_answers_its_put_status(tmp_path):
+    """An offset commit is a record in the commitlog: on a SYNC_MASTER with no slave it is
+    stored and applied on the master, and the answer says its replication is not
+    confirmed (SLAVE_NOT_AVAILABLE), as a send's does. Before, the status was dropped and
+    the commit answered as if the slave had it."""
+    from mqstore.localcluster import free_port
+    from node.config import load_config
+    from node.server import build_broker
+    path = tmp_path / "broker.conf"
+    path.write_text("\n".join([f"storePathRootDir={tmp_path / 'store'}", "brokerRole=SYNC_MASTER",
+                               "brokerIP1=127.0.0.1", f"haListenPort={free_port()}",
+                               "mappedFileSizeCommitLog=1048576", "maxMessageSize=65536"]))
+
+    async def main():
+        b = build_broker(load_config(str(path), environ={}))
+        await b.start()
+        try:
+            await b.create_topic("T", 1)
+            status = await b.commit_offset("G", "T", 0, 0)
+            return status, b.get_offsets("G", "T")
+        finally:
+            await b.stop()
+
+    status, offsets = asyncio.run(main())
+    assert status is PutStatus.SLAVE_NOT_AVAILABLE
+    assert offsets == {"T": {0: 0}}

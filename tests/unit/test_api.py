@@ -139,7 +139,7 @@ async def test_msgpack_round_trip_same_shapes(client, h):
     status, doc = await get_mp(client, f"/messages/{doc['messages'][0]['offset_msg_id']}")
     assert doc["body"] == b"\x00\x01bin"
     status, doc = await post_mp(client, "/groups/G/offsets", {"topic": "M", "queue_id": 0, "offset": 1})
-    assert status == 200
+    assert status == 200 and doc["status"] == "SEND_OK"
     status, doc = await get_mp(client, "/groups/G/offsets?topic=M")
     assert doc == {"group": "G", "offsets": [{"topic": "M", "queue_id": 0, "offset": 1}]}
     status, doc = await post_mp(client, "/topics/M/messages", {"messages": [{"body": 5}]})
