@@ -27,6 +27,7 @@ from node.config import to_properties
 from node.metrics import node_registry
 from node.client_api import CLIENT_ROUTES
 from node.openapi import openapi_document
+from node.store.cold_reads import read_without_stalling
 from node.store.errors import BadRequest, StoreError
 from node.store.message import PROPERTY_KEYS, PROPERTY_TAGS, StoredMessage, encode_offset_msg_id, host_bytes
 from node.store.message import PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX as PROPERTY_UNIQ_KEY
@@ -266,7 +267,7 @@ async def list_topics(request: web.Request) -> web.Response:
 async def topic_status(request: web.Request) -> web.Response:
     b = broker_of(request)
     topic = request.match_info["topic"]
-    queues = b.topic_status(topic)
+    queues = await read_without_stalling(b.topic_status, topic)
     return reply(request, {**b.topic(topic).to_dict(), "queues": queues})
 
 
@@ -299,8 +300,8 @@ async def pull(request: web.Request) -> web.Response:
 
 
 async def message_by_queue_offset(request: web.Request) -> web.Response:
-    m = broker_of(request).query_by_queue_offset(request.match_info["topic"], path_int(request, "queue_id"),
-                                                 path_int(request, "queue_offset"))
+    m = await read_without_stalling(broker_of(request).query_by_queue_offset, request.match_info["topic"],
+                                    path_int(request, "queue_id"), path_int(request, "queue_offset"))
     return reply(request, render_message(m, wants_msgpack(request)))
 
 
@@ -320,7 +321,7 @@ async def read_offsets(request: web.Request) -> web.Response:
 
 
 async def message_by_id(request: web.Request) -> web.Response:
-    m = broker_of(request).query_by_id(request.match_info["offset_msg_id"])
+    m = await read_without_stalling(broker_of(request).query_by_id, request.match_info["offset_msg_id"])
     return reply(request, render_message(m, wants_msgpack(request)))
 
 
@@ -328,8 +329,9 @@ async def messages_by_key(request: web.Request) -> web.Response:
     key = request.query.get("key")
     if key is None:
         raise BadRequest("query parameter key is required (GET on this path queries by key)")
-    found = broker_of(request).query_by_key(request.match_info["topic"], key, query_int(request, "begin", 0),
-                                            query_int(request, "end"), query_int(request, "max", 32))
+    found = await read_without_stalling(broker_of(request).query_by_key, request.match_info["topic"], key,
+                                        query_int(request, "begin", 0), query_int(request, "end"),
+                                        query_int(request, "max", 32))
     return reply(request, {"messages": [render_message(m, wants_msgpack(request)) for m in found]})
 
 
@@ -345,7 +347,7 @@ async def list_groups(request: web.Request) -> web.Response:
 async def group_progress(request: web.Request) -> web.Response:
     b = broker_of(request)
     group = request.match_info["group"]
-    rows = b.group_progress(group, request.query.get("topic"))
+    rows = await read_without_stalling(b.group_progress, group, request.query.get("topic"))
     return reply(request, {"group": group, "broker_name": b.config.group, "consume_tps": b.traffic.tps()[1],
                            "diff_total": sum(int(r["diff"]) for r in rows), "queues": rows})
 

@@ -1046,7 +1046,7 @@ class Broker:
         out = []
         with self._group_slot(group, cfg.topic):
             for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
-                off = self.offset_by_time(cfg.topic, qid, ts)
+                off = await read_without_stalling(self.offset_by_time, cfg.topic, qid, ts)
                 await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
                                                                 "queue_id": qid, "offset": off})
                 out.append({"queue_id": qid, "offset": off})

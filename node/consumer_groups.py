@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from node.schedule import clamp_level, to_schedule
 from node.store import message as M
+from node.store.cold_reads import read_without_stalling
 from node.store.message import MessageDraft
 
 RETRY_PREFIX = "%RETRY%"
@@ -211,7 +212,7 @@ async def send_back(broker: Any, levels: int, group: Any, offset_msg_id: Any, de
     max_rc = check_int("max_reconsume_times",
                        MAX_RECONSUME_TIMES_DEFAULT if max_reconsume_times is None else max_reconsume_times,
                        0, MAX_RECONSUME_TIMES_LIMIT)
-    msg = broker.query_by_id(offset_msg_id)
+    msg = await read_without_stalling(broker.query_by_id, offset_msg_id)
     reconsume = msg.reconsume_times + 1
     props = {k: v for k, v in msg.properties.items()
              if k not in (M.PROPERTY_DELAY_TIME_LEVEL, M.PROPERTY_REAL_TOPIC, M.PROPERTY_REAL_QUEUE_ID)}

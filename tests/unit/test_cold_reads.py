@@ -191,6 +191,57 @@ def test_regression_a_pull_of_cold_data_does_not_block_the_event_loop(tmp_path):
     assert cold_reads.STATS.seconds_max >= COLD_READ_S * 0.9
 
 
+def test_regression_lookups_of_old_messages_do_not_block_the_event_loop(tmp_path):
+    """A lookup by offsetMsgId, by key, by queue offset, a topic's status and a group's progress
+    read their messages on the loop: on old data each waited for the disk there, as a pull did
+    before. Through the HTTP API now, on a cold commitlog: answered, and no loop stall."""
+    from aiohttp.test_utils import TestClient, TestServer
+    from node.api import make_app
+    fs = ColdDisk()
+    cfg = BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=256 * 1024,
+                       maped_file_size_consume_queue=20 * 1024, max_message_size=4096).validate()
+
+    async def scenario():
+        b = build_broker(cfg, fs=fs)
+        await b.start()
+        client = TestClient(TestServer(make_app(b)))
+        await client.start_server()
+        try:
+            await b.create_topic("T", 1)
+            (row,) = await b.send("T", [OutgoingMessage(body=b"k" * 1000, queue_id=0, keys=["order-7"])])
+            await fill_topic(b, 250)
+            await b.commit_offset("G", "T", 0, 1)
+            b.log.commitlog.files.forget_fetched()
+            wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+            wd.start()
+            answers = {}
+            try:
+                for name, path in [("by_id", f"/messages/{row.offset_msg_id}"), ("by_key", "/topics/T/messages?key=order-7"),
+                                   ("by_queue_offset", "/topics/T/queues/0/messages/0"),
+                                   ("topic_status", "/topics/T"), ("progress", "/groups/G/progress")]:
+                    fs.cold = True                   # the commitlog's pages leave the page cache
+                    fs.warm.clear()
+                    b.log.commitlog.files.forget_fetched()
+                    r = await client.get(path)
+                    answers[name] = (r.status, await r.json())
+                await asyncio.sleep(0.05)            # the watchdog's tick runs and sees any stall
+            finally:
+                wd.stop()
+            return answers, wd
+        finally:
+            await client.close()
+            await b.stop()
+
+    answers, wd = asyncio.run(scenario())
+    assert {k: st for k, (st, _) in answers.items()} == dict.fromkeys(answers, 200), answers
+    assert answers["by_id"][1]["keys"] == ["order-7"]
+    assert [m["keys"] for m in answers["by_key"][1]["messages"]] == [["order-7"]]
+    assert answers["by_queue_offset"][1]["queue_offset"] == 0
+    assert fs.disk_reads and all(t != threading.get_ident() for t in fs.disk_reads), \
+        "every read of the cold disk ran on a worker"
+    assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+
+
 def test_metrics_count_the_fills(tmp_path):
     from prometheus_client import generate_latest
     from prometheus_client.core import CollectorRegistry

@@ -21,6 +21,7 @@ from aiohttp import web
 from node.api_site import LimitedSite
 from node.config import BrokerConfig, ConfigError, from_properties
 from node.limits import LimitExceeded, check_new_name, reserve
+from node.replicated_log import PutStatus
 from tests.integration.test_peer_security import pki  # noqa: F401 - fixture
 from tests.unit.test_api import api_test, make_app, setup_topic
 from tests.unit.test_broker import make_broker
@@ -168,7 +169,7 @@ def test_concurrent_first_commits_cannot_overshoot_max_consumer_groups(tmp_path)
             results = await asyncio.gather(*(h.broker.commit_offset(f"G{i}", "T", 0, 0) for i in range(6)),
                                            return_exceptions=True)
             assert sum(isinstance(r, LimitExceeded) for r in results) == 4
-            assert h.broker.list_groups() == sorted(f"G{i}" for i, r in enumerate(results) if r is None)
+            assert h.broker.list_groups() == sorted(f"G{i}" for i, r in enumerate(results) if r is PutStatus.SEND_OK)
         finally:
             await h.broker.stop()
     asyncio.run(go())
