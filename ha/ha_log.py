@@ -582,12 +582,17 @@ class HALog:
                                     new_epoch=epoch > self.epochs.last_epoch)
             self._report_seq = 0
             if epoch > self.epochs.last_epoch:
-                self.epochs.drop_beyond(self.commitlog.max_offset)
-                self.epochs.append(epoch, self.commitlog.max_offset)
+                # Two fsyncs (the file, its directory): on a worker thread, as a flush is; on
+                # the loop they took 256 ms behind another writer. Writes open only after it.
+                await asyncio.to_thread(self._start_epoch, epoch, self.commitlog.max_offset)
             # epoch == last epoch: a master restarting within its own epoch continues it.
             self.epoch = max(self.epoch, epoch)
             await self._start_master()
             log.warning("became MASTER (was %s) at epoch %d, offset %d", was, epoch, self.commitlog.max_offset)
+
+    def _start_epoch(self, epoch: int, start_offset: int) -> None:
+        self.epochs.drop_beyond(start_offset)
+        self.epochs.append(epoch, start_offset)
 
     async def become_slave(self, master_ha_addr: str, master_api_addr: str | None, epoch: int = 0) -> None:
         """Demotion or re-pointing: stop writes at once, then follow `master_ha_addr`."""

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import pytest
 
+from ha.epoch import FILE_NAME as EPOCH_FILE_NAME
 from ha.epoch import EpochFile
 from ha.ha_log import MASTER, SLAVE, HALog, HALogConfig
 from ha.replication import HATimings
@@ -410,3 +412,39 @@ def test_an_offset_commit_on_a_sync_master_without_slave_answers_its_put_status(
     status, offsets = asyncio.run(main())
     assert status is PutStatus.SLAVE_NOT_AVAILABLE
     assert offsets == {"T": {0: 0}}
+
+
+class _SlowEpochWrites(FileSystem):
+    """The epoch file's atomic write takes 0.4 s (its fsyncs behind another writer)."""
+
+    def write_atomic(self, path, data):
+        if path.endswith(EPOCH_FILE_NAME):
+            time.sleep(0.4)
+        super().write_atomic(path, data)
+
+
+def test_regression_a_promotion_writes_its_epoch_off_the_event_loop(tmp_path):
+    """A slave promoted to master wrote its new epoch (two fsyncs) on the event loop: 256 ms
+    in one run behind another writer. Written by a worker thread now; writes open after it."""
+    from node.loop_watchdog import LoopWatchdog
+
+    async def main():
+        s = HALog(_SlowEpochWrites(), str(tmp_path / "s"), lcfg(), HALogConfig(
+            broker_id=1, initial_role=SLAVE, sync_master=False, ha_master_address="127.0.0.1:9",
+            master_api_address="127.0.0.1:1", ha_listen_host="127.0.0.1", ha_listen_port=0, timings=FAST))
+        await s.start()
+        wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+        wd.start()
+        try:
+            await s.become_master(epoch=3)
+            res = await s.append([msg(1)])
+            await asyncio.sleep(0.05)        # the watchdog's tick runs and sees any stall
+        finally:
+            wd.stop()
+            await s.stop()
+        return res, EpochFile(FileSystem(), str(tmp_path / "s")).load(), wd
+
+    res, epochs, wd = asyncio.run(main())
+    assert res[0].status is PutStatus.SEND_OK
+    assert [(e.epoch, e.start_offset) for e in epochs] == [(3, 0)]
+    assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
