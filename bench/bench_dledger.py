@@ -70,7 +70,7 @@ LEADER_TIMEOUT_S = 15.0
 FAILOVER_GIVE_UP_S = 15.0   # a kill with no acked write by then counts as this long
 REQUEST_TIMEOUT_S = 10.0
 CATCH_UP_MIB = 384          # > the leader's 64 MiB entry cache + coldReadHotBytes (64 MiB)
-CATCH_UP_GIVE_UP_S = 180.0
+CATCH_UP_GIVE_UP_S = 180.0   # for the leader to take CATCH_UP_MIB, then for the follower to catch up
 COLD_READ_HOT_BYTES = 64 << 20   # broker.conf coldReadHotBytes' default
 CASES = ("async_batched", "per_message_256", "one_at_a_time", "sync_flush_64", "failover", "catch_up")
 
@@ -616,11 +616,13 @@ async def catch_up_case(cluster: Cluster, quick: bool) -> dict:
             before_lat.sort()
             follower.stop(10)
             start_pos = (await cluster_doc(session, leader)).get("committed_position", 0)
-            target = start_pos + mib * 1024 * 1024
+            target, fill_until = start_pos + mib * 1024 * 1024, time.perf_counter() + CATCH_UP_GIVE_UP_S
             while (await cluster_doc(session, leader)).get("committed_position", 0) < target:
+                if time.perf_counter() > fill_until:
+                    raise RuntimeError(f"the leader did not take {mib} MiB in {CATCH_UP_GIVE_UP_S:.0f} s")
                 await load(sender, sender.payload(BATCH), BATCH, BATCH_CONNS, 2.0, 200_000)
-            behind = (await cluster_doc(session, leader)).get("committed_position", 0) - start_pos
             end = (await cluster_doc(session, leader)).get("committed_position", 0)
+            behind = end - start_pos
             dropped = drop_old_from_page_cache(leader.config.parent / "store" / f"dledger-{leader.node_id}" / "data",
                                                end, COLD_READ_HOT_BYTES)
             leader_last = (await cluster_doc(session, leader)).get("last_index", 0)
