@@ -1,6 +1,6 @@
-"""bench_dledger's CPU figures: per-message CPU per node, and the rates that CPU allows.
+"""bench_dledger helpers: per-message CPU per node and the rates that CPU allows; the catch-up case's page-cache drop.
 
-Method: a CpuMeter over stand-in process ids whose CPU seconds are scripted.
+Method: a CpuMeter over stand-in process ids whose CPU seconds are scripted; files in a temp dir.
 """
 
 from __future__ import annotations
@@ -23,3 +23,13 @@ def test_cpu_meter_derives_one_core_and_group_rates(monkeypatch):
     assert out["leader_one_core_msgs_s"] == 100_000
     assert out["group_all_cores_msgs_s"] == 100_000
     assert meter.per_msg_us(0) == {}
+
+
+def test_catch_up_drops_only_the_bytes_older_than_the_hot_span(tmp_path):
+    """bench_dledger catch_up: the leader's segments lose their pages below `end - keep` (files
+    named by base offset), the newest `keep` bytes stay cached; other files are not touched."""
+    for name in ("00000000000000000000", "00000000000000001000", "00000000000000002000"):
+        (tmp_path / name).write_bytes(b"x" * 1000)
+    (tmp_path / "meta").write_bytes(b"m")
+    assert D.drop_old_from_page_cache(tmp_path, end=2800, keep=1500) == 1300
+    assert D.drop_old_from_page_cache(tmp_path, end=1000, keep=1500) == 0
