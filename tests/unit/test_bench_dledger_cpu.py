@@ -1,4 +1,5 @@
-"""bench_dledger helpers: per-message CPU per node and the rates that CPU allows; the catch-up case's page-cache drop.
+"""bench_dledger helpers: per-message CPU per node and the rates that CPU allows; the
+catch-up case's page-cache drop.
 
 Method: a CpuMeter over stand-in process ids whose CPU seconds are scripted; files in a temp dir.
 """
