@@ -329,9 +329,8 @@ async def messages_by_key(request: web.Request) -> web.Response:
     key = request.query.get("key")
     if key is None:
         raise BadRequest("query parameter key is required (GET on this path queries by key)")
-    found = await read_without_stalling(broker_of(request).query_by_key, request.match_info["topic"], key,
-                                        query_int(request, "begin", 0), query_int(request, "end"),
-                                        query_int(request, "max", 32))
+    found = await broker_of(request).query_by_key(request.match_info["topic"], key, query_int(request, "begin", 0),
+                                                  query_int(request, "end"), query_int(request, "max", 32))
     return reply(request, {"messages": [render_message(m, wants_msgpack(request)) for m in found]})
 
 

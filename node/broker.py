@@ -1072,8 +1072,11 @@ class Broker:
             raise MessageNotFound(f"no message with offsetMsgId {offset_msg_id} on this node")
         return msg
 
-    def query_by_key(self, topic: Any, key: Any, begin_ms: Any = 0, end_ms: Any = None,
-                     max_num: Any = 32) -> list[StoredMessage]:
+    async def query_by_key(self, topic: Any, key: Any, begin_ms: Any = 0, end_ms: Any = None,
+                           max_num: Any = 32) -> list[StoredMessage]:
+        """mqadmin queryMsgByKey: messages of `topic` carrying `key` (UNIQ_KEY or a KEYS word)
+        stored in [begin_ms, end_ms], oldest first. Index files and messages are read off the
+        event loop where they may wait for the disk."""
         cfg = self.topic(topic)
         if not isinstance(key, str) or not key or len(key) > 1024:
             raise BadRequest("key must be a non-empty string of at most 1024 chars")
@@ -1082,12 +1085,17 @@ class Broker:
         n = check_int("max", max_num, 1, MAX_QUERY_RESULTS)
         if end < begin:
             raise BadRequest(f"end ({end}) is before begin ({begin})")
+        found = await self.index.query_off_loop(cfg.topic, key, begin, end, n)
+        return await read_without_stalling(self._messages_with_key, cfg.topic, key, begin, end, found[:n])
+
+    def _messages_with_key(self, topic: str, key: str, begin: int, end: int, candidates: list[int]
+                           ) -> list[StoredMessage]:
         out = []
-        for phys in self.index.query(cfg.topic, key, begin, end, n)[:n]:
+        for phys in candidates:
             msg = self._read_at(phys)
             # The index hashes keys, so check what it pointed at really carries the key.
-            if msg is not None and msg.topic == cfg.topic and key in _index_keys(msg) \
-                    and begin <= msg.store_timestamp <= end and phys >= self._deleted.get(cfg.topic, -1):
+            if msg is not None and msg.topic == topic and key in _index_keys(msg) \
+                    and begin <= msg.store_timestamp <= end and phys >= self._deleted.get(topic, -1):
                 out.append(msg)
         out.sort(key=lambda m: m.physical_offset)
         return out

@@ -24,6 +24,7 @@ Sealed files are read with pread.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import logging
 import os
@@ -143,6 +144,8 @@ class IndexFile:
         self._written_count = 1
         self._header_dirty = False
         self.closed = False
+        self.readers = 0                # queries reading it on a worker thread (IndexService)
+        self.doomed = False             # expired while read: deleted when the last reader ends
 
     # --- geometry -------------------------------------------------------------------------
     @staticmethod
@@ -335,6 +338,19 @@ class IndexFile:
         self.fs.remove(self.path)
 
 
+def _query_files(files: list[IndexFile], key_hash: int, begin_ms: int, end_ms: int, max_num: int,
+                 out: list[int], seen: set[int]) -> bool:
+    """Query `files`, newest first, into `out`; False once no older file can add to it."""
+    for f in files:
+        if len(out) >= max_num:
+            return False
+        if f.overlaps(begin_ms, end_ms):
+            f.query(key_hash, begin_ms, end_ms, max_num, out, seen)
+        if f.entries > 0 and f.begin_timestamp < begin_ms:
+            return False        # older files hold older messages only
+    return len(out) < max_num
+
+
 class IndexService:
     """Index files under `<store_root>/index/`, named by creation time, oldest first."""
 
@@ -518,25 +534,51 @@ class IndexService:
     def query(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:
         """Candidate physical offsets for `topic#key` stored in [begin_ms, end_ms], newest first."""
         assert max_num >= 0
+        out: list[int] = []
+        _query_files(list(reversed(self.files)), self._hasher(topic, key), begin_ms, end_ms, max_num, out, set())
+        return out
+
+    async def query_off_loop(self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int) -> list[int]:
+        """query(), the sealed files read by a worker thread. Their slots and entries are on
+        disk and a chain walk reads pages at random: on old files each read may wait for the
+        disk. The writable file (slots in memory, entries recent) is read here, on the loop.
+        A sealed file being read is not deleted until the read ends (delete_expired)."""
+        assert max_num >= 0
         key_hash = self._hasher(topic, key)
         out: list[int] = []
         seen: set[int] = set()
-        for f in reversed(self.files):
-            if len(out) >= max_num:
-                break
-            if f.overlaps(begin_ms, end_ms):
-                f.query(key_hash, begin_ms, end_ms, max_num, out, seen)
-            if f.entries > 0 and f.begin_timestamp < begin_ms:
-                break           # older files hold older messages only
+        files = list(reversed(self.files))
+        if files and files[0].writable:
+            if not _query_files(files[:1], key_hash, begin_ms, end_ms, max_num, out, seen):
+                return out
+            files = files[1:]
+        if not files:
+            return out
+        for f in files:             # readers, doomed: only ever touched on the owner's loop
+            f.readers += 1
+        try:
+            await asyncio.to_thread(_query_files, files, key_hash, begin_ms, end_ms, max_num, out, seen)
+        finally:
+            for f in files:
+                f.readers -= 1
+                if f.readers == 0 and f.doomed:
+                    self._delete(f)
         return out
 
+    def _delete(self, f: IndexFile) -> None:
+        with self._io:
+            f.delete()
+
     def delete_expired(self, min_phys: int) -> list[str]:
-        """Delete files (never the last) whose every entry is below the commitlog's min offset."""
+        """Delete files (never the last) whose every entry is below the commitlog's min offset;
+        one a query is reading goes when that query ends."""
         removed: list[str] = []
         while len(self.files) > 1 and self.files[0].end_phy_offset < min_phys:
             f = self.files.pop(0)
-            with self._io:
-                f.delete()
+            if f.readers:
+                f.doomed = True
+            else:
+                self._delete(f)
             removed.append(f.name)
         if removed:
             self.fs.fsync_dir(self.directory)

@@ -127,6 +127,9 @@ class MemIndex:
     def query(self, topic, key, begin, end, max_num):
         return list(reversed(self.keys.get(f"{topic}#{key}", [])))[:max_num]
 
+    async def query_off_loop(self, topic, key, begin, end, max_num):
+        return self.query(topic, key, begin, end, max_num)
+
 
 class MiniDispatcher:
     """What the real Dispatcher does, minus checkpoints: committed records -> CQ, index, handlers."""
@@ -496,9 +499,9 @@ def test_queries_by_id_key_and_queue_offset(tmp_path):
         m = h.broker.query_by_id(res[1].offset_msg_id)
         assert m.body == b"k2" and m.queue_offset == res[1].queue_offset
         assert h.broker.query_by_id(res[1].offset_msg_id.lower()).body == b"k2"
-        found = h.broker.query_by_key("T", "order-1", 0, 1 << 60, 10)
+        found = await h.broker.query_by_key("T", "order-1", 0, 1 << 60, 10)
         assert [x.body for x in found] == [b"k1", b"k3"]
-        assert h.broker.query_by_key("T", "none", 0, 1 << 60) == []
+        assert await h.broker.query_by_key("T", "none", 0, 1 << 60) == []
         m = h.broker.query_by_queue_offset("T", res[2].queue_id, res[2].queue_offset)
         assert m.body == b"k3"
         with pytest.raises(MessageNotFound):
@@ -509,7 +512,7 @@ def test_queries_by_id_key_and_queue_offset(tmp_path):
         with pytest.raises(BadRequest):
             h.broker.query_by_id("zz")
         with pytest.raises(BadRequest):
-            h.broker.query_by_key("T", "k", 10, 5)
+            await h.broker.query_by_key("T", "k", 10, 5)
         # A system record is not a user message, even by its exact id.
         await h.broker.commit_offset("G", "T", 0, 0)
         sys_phys = h.broker.cq_store.get(SYS_CONSUMER_OFFSET, 0).get(0)[0]

@@ -129,11 +129,11 @@ def test_query_by_key_refuses_a_corrupt_hit(tmp_path):
         await b.start()
         try:
             phys = await fill(b, 4)
-            assert [m.body for m in b.query_by_key("T", "k2")] == [body(2)]
+            assert [m.body for m in await b.query_by_key("T", "k2")] == [body(2)]
             flip_body(tmp_path, phys[2])
             with pytest.raises(CorruptData):
-                b.query_by_key("T", "k2")
-            assert [m.body for m in b.query_by_key("T", "k3")] == [body(3)]
+                await b.query_by_key("T", "k2")
+            assert [m.body for m in await b.query_by_key("T", "k3")] == [body(3)]
         finally:
             await b.stop()
     asyncio.run(go())

@@ -126,8 +126,8 @@ def test_recreated_topic_starts_empty_and_survives_restarts(tmp_path):
         await b.commit_offset(GROUP, TOPIC, 1, 4)
         await wait_dispatched(b)
         assert await bodies(b, TOPIC, 0) == ["new-0"] and await bodies(b, TOPIC, 1) == ["new-1"]
-        assert [m.body for m in b.query_by_key(TOPIC, "old-key")] == []    # old records are not the new topic's
-        assert len(b.query_by_key(TOPIC, "new-key")) == 2
+        assert [m.body for m in await b.query_by_key(TOPIC, "old-key")] == []    # old records are not the new topic's
+        assert len(await b.query_by_key(TOPIC, "new-key")) == 2
         await b.stop()
         for lose in (False, True):
             if lose:

@@ -290,7 +290,7 @@ def test_batched_send_over_local_log_reads_back_what_was_sent(tmp_path, flush):
                     break
                 offset = r.next_offset
             assert pulled == [m.body for m in msgs if m.queue_id == 0 and m.tags == "B"]
-            assert [m.body for m in b.query_by_key("T", "order-5")] == [b"keyed"]
+            assert [m.body for m in await b.query_by_key("T", "order-5")] == [b"keyed"]
         finally:
             await b.stop()
     asyncio.run(go())
@@ -332,7 +332,7 @@ def test_dispatch_properties_cache_is_bounded(tmp_path):
             keyed = await b.send_rows("T", [OutgoingMessage(b"k", keys=[f"key{i}"]) for i in range(10)])
             await _settled(b)
             assert len(b.dispatcher._props) <= 40     # keyed properties are not remembered
-            assert [m.body for m in b.query_by_key("T", "key3")] == [b"k"] and len(keyed) == 10
+            assert [m.body for m in await b.query_by_key("T", "key3")] == [b"k"] and len(keyed) == 10
         finally:
             await b.stop()
     asyncio.run(go())
