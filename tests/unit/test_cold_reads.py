@@ -158,10 +158,15 @@ async def fill_topic(b, n: int) -> list[bytes]:
     return sent
 
 
+def small_store(tmp_path) -> BrokerConfig:
+    """256 KiB commitlog files, 1024-unit consume-queue files, 4 KiB messages at most."""
+    return BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=256 * 1024,
+                        maped_file_size_consume_queue=20 * 1024, max_message_size=4096).validate()
+
+
 def test_regression_a_pull_of_cold_data_does_not_block_the_event_loop(tmp_path):
     fs = ColdDisk()
-    cfg = BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=256 * 1024,
-                       maped_file_size_consume_queue=20 * 1024, max_message_size=4096).validate()
+    cfg = small_store(tmp_path)
 
     async def scenario():
         b = build_broker(cfg, fs=fs)
@@ -198,8 +203,7 @@ def test_regression_lookups_of_old_messages_do_not_block_the_event_loop(tmp_path
     from aiohttp.test_utils import TestClient, TestServer
     from node.api import make_app
     fs = ColdDisk()
-    cfg = BrokerConfig(store_path_root_dir=str(tmp_path), mapped_file_size_commit_log=256 * 1024,
-                       maped_file_size_consume_queue=20 * 1024, max_message_size=4096).validate()
+    cfg = small_store(tmp_path)
 
     async def scenario():
         b = build_broker(cfg, fs=fs)
