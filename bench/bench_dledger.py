@@ -50,6 +50,7 @@ from pathlib import Path
 
 import aiohttp
 import msgpack
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_store import figure
 from mqstore import localcluster as lc
@@ -476,14 +477,17 @@ async def sync_case(cluster: Cluster, quick: bool) -> dict:
                 "sync_leader_metrics": await leader_metrics(session, leader)}
 
 
-async def leader_metrics(session: aiohttp.ClientSession, leader: Node) -> dict:
+async def cluster_doc(session: aiohttp.ClientSession, n: Node) -> dict:
     try:
-        async with session.get(f"{leader.url}/cluster", timeout=aiohttp.ClientTimeout(total=2)) as r:
-            doc = await r.json()
+        async with session.get(f"{n.url}/cluster", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            return (await r.json()).get("log", {})
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         return {}
-    st = doc.get("log", {})
-    return {k: st.get(k) for k in ("term", "commit_index", "last_index", "transport")}
+
+
+async def leader_metrics(session: aiohttp.ClientSession, leader: Node) -> dict:
+    st = await cluster_doc(session, leader)
+    return {k: st.get(k) for k in ("term", "commit_index", "last_index", "transport")} if st else {}
 
 
 async def first_acked_write(session: aiohttp.ClientSession, cluster: Cluster, payload: bytes, t_kill: float) -> float:
@@ -524,14 +528,6 @@ async def failover_case(cluster: Cluster, kills: int) -> dict:
                                kills=len(times), all_s=[round(t, 3) for t in times], load1=load1())}
 
 
-async def cluster_doc(session: aiohttp.ClientSession, n: Node) -> dict:
-    try:
-        async with session.get(f"{n.url}/cluster", timeout=aiohttp.ClientTimeout(total=2)) as r:
-            return (await r.json()).get("log", {})
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return {}
-
-
 def drop_old_from_page_cache(data_dir: Path, end: int, keep: int) -> int:
     """Write back, then drop from the page cache, the bytes of the commitlog segments in
     `data_dir` (files named by base offset) below `end - keep`: what a node has not touched
@@ -564,10 +560,11 @@ async def loop_stalls(session: aiohttp.ClientSession, n: Node) -> dict[str, floa
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return {}
     out = {}
-    for line in text.splitlines():
-        if line.startswith("rocketmq_event_loop_stall_seconds"):
-            name, _, value = line.rpartition(" ")
-            out[name[len("rocketmq_event_loop_stall_seconds"):]] = float(value)
+    for family in text_string_to_metric_families(text):
+        if family.name == "rocketmq_event_loop_stall_seconds":
+            for sample in family.samples:
+                le = sample.labels.get("le")
+                out[sample.name[len(family.name):] + (f'{{le="{le}"}}' if le else "")] = sample.value
     return out
 
 
@@ -621,11 +618,11 @@ async def catch_up_case(cluster: Cluster, quick: bool) -> dict:
                 if time.perf_counter() > fill_until:
                     raise RuntimeError(f"the leader did not take {mib} MiB in {CATCH_UP_GIVE_UP_S:.0f} s")
                 await load(sender, sender.payload(BATCH), BATCH, BATCH_CONNS, 2.0, 200_000)
-            end = (await cluster_doc(session, leader)).get("committed_position", 0)
+            filled = await cluster_doc(session, leader)
+            end, leader_last = filled.get("committed_position", 0), filled.get("last_index", 0)
             behind = end - start_pos
             dropped = drop_old_from_page_cache(leader.config.parent / "store" / f"dledger-{leader.node_id}" / "data",
                                                end, COLD_READ_HOT_BYTES)
-            leader_last = (await cluster_doc(session, leader)).get("last_index", 0)
             stalls_before = await loop_stalls(session, leader)
             t_start = time.perf_counter()
             caught: dict = {}
