@@ -263,9 +263,10 @@ def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_o
         _send_r(g, leader, 0, n)
         _wait(lambda: all(_queue(g, x).get("max_offset") == n for x in g.nodes), 30, "every replica dispatched", g)
         data = _age_head_files(g, g.nodes)
-        _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 0 for x in g.nodes), 40,
-              "every replica's retention loop cut its head and the consume queue followed", g)
-        assert all(len(os.listdir(d)) <= 2 for d in data.values()), {x: os.listdir(d) for x, d in data.items()}
+        # A pass cuts only below a replica's durable mark, checkpointed about once a second: a
+        # pass just after the last send may leave a file for the next pass, 10 s later.
+        _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 0 and len(os.listdir(data[x])) <= 2 for x in g.nodes),
+              40, "every replica's retention loop cut its expired head and the consume queue followed", g)
         heads = {x: _queue(g, x)["min_offset"] for x in g.nodes}
         for x in g.nodes:
             g.kill9(x)
