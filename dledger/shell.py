@@ -35,6 +35,13 @@ Flush policy:
 Both policies checkpoint the durable mark into meta every `checkpoint_interval_ms`
 (see EntryStore.checkpoint), which lets recovery tell a torn tail from lost data.
 
+A new term or vote: the Ready's hard state must be durable before any of its messages
+leaves (a vote given twice in one term breaks Raft). Its meta write (two fsyncs, 1.5 s
+seen on a contended disk) runs on a worker thread while the node holds that Ready: the
+core gets no input and proposals are refused with NotLeader (there is no leader of the
+new term yet), but the loop serves everything else meanwhile (pulls, the API, the
+transport filling the inbox). When the write lands the Ready completes as if just taken.
+
 A full disk: when a Ready's entries or hard state meet ENOSPC (EntryStore raises DiskFull
 and leaves the store as it was), the node holds that Ready and retries it on every tick,
 feeding the core nothing and sending nothing meanwhile (proposals are refused with
@@ -54,7 +61,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from dledger.core import RaftConfig, RaftCore, Ready, Role
+from dledger.core import NotLeader, RaftConfig, RaftCore, Ready, Role
 from dledger.entry_store import EntryStore
 from dledger.messages import REPAIR_MESSAGES, Append, EntryType, TimeoutNow
 from dledger.transport import Transport, TransportConfig
@@ -73,6 +80,10 @@ ROUND_SEND_BYTES = 1 << 20       # a round ends once it has queued this much (it
 
 class _Stalled(Exception):
     """A Ready's entries or hard state met a full disk; the Ready stays outstanding (RaftNode._handle)."""
+
+
+class _Held(Exception):
+    """A Ready's hard state is being written on a worker thread; the Ready stays outstanding."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +156,10 @@ class RaftNode:
         self._stalled: Ready | None = None
         self._stalled_at = self._stall_tried_at = 0.0
         self.stall_reason: str | None = None
+        # The Ready whose term and vote a worker thread is writing, and whether it has landed.
+        self._held: Ready | None = None
+        self._held_written = False
+        self._hard_state_write: asyncio.Task | None = None
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
         self.fatal: BaseException | None = None
@@ -189,6 +204,8 @@ class RaftNode:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._fills, return_exceptions=True)
         self._tasks = []
+        if self._hard_state_write is not None:      # its thread runs on: the files stay open for it
+            await asyncio.wait([self._hard_state_write])
         if self.transport is not None:
             await self.transport.stop()
         if self.fatal is None and self.core is not None:
@@ -204,6 +221,7 @@ class RaftNode:
         """Hand bodies to the core (raises core.NotLeader); the next round persists them."""
         core = self._live_core()
         self.check_not_stalled()
+        self._check_not_held()
         first, last = core.propose(bodies, type)
         self._wake.set()
         return first, last
@@ -211,6 +229,7 @@ class RaftNode:
     def transfer_leadership(self, target: str) -> None:
         core = self._live_core()
         self.check_not_stalled()
+        self._check_not_held()
         core.transfer_leadership(target)
         self._wake.set()
 
@@ -220,6 +239,10 @@ class RaftNode:
     def check_not_stalled(self) -> None:
         if self._stalled is not None:
             raise DiskFull(f"raft {self.node_id} is stalled on a full disk: {self.stall_reason}")
+
+    def _check_not_held(self) -> None:
+        if self._held is not None:
+            raise NotLeader(self._held.leader_id, f"term {self._held.term} and vote being stored")
 
     def _live_core(self) -> RaftCore:
         if self.fatal is not None:
@@ -327,6 +350,8 @@ class RaftNode:
         leader's pushes thus leave before the commits are applied, not after."""
         core = self.core
         assert core is not None
+        if self._held is not None and not self._held_written:
+            return      # its term and vote are still being written
         if self._stalled is not None and time.monotonic() - self._stall_tried_at < self.config.tick_ms / 1000:
             return      # one try per tick: a failed one costs a truncate and an fsync
         handled: list[Ready] = []
@@ -334,7 +359,10 @@ class RaftNode:
         # and the next one is scheduled: producers and pulls are served in between.
         send_budget_end = self.transport.queued_bytes + ROUND_SEND_BYTES
         try:
-            if self._stalled is not None:
+            if self._held is not None:
+                held, self._held, self._held_written = self._held, None, False
+                self._handle(held, handled, hard_state_written=True)
+            elif self._stalled is not None:
                 self._stall_tried_at = time.monotonic()
                 self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
             while self._ticks_due or self._inbox or self._durable_grew or self._fetched or core.has_ready():
@@ -358,8 +386,8 @@ class RaftNode:
                     core.step(sender, msg)
                 while core.has_ready() and self.transport.queued_bytes < send_budget_end:
                     self._handle(core.ready(), handled)
-        except _Stalled:
-            pass    # inputs wait in the (bounded) inbox; the next tick retries the Ready
+        except (_Stalled, _Held):
+            pass    # inputs wait in the (bounded) inbox; the Ready is completed by a later round
         self.transport.flush()      # this round's messages leave now, not a loop turn later
         self._apply(handled)
 
@@ -371,23 +399,28 @@ class RaftNode:
                 listener.on_ready(rd)
         handled.clear()
 
-    def _handle(self, rd: Ready, handled: list[Ready]) -> None:
+    def _handle(self, rd: Ready, handled: list[Ready], hard_state_written: bool = False) -> None:
         """persist -> send -> advance (no awaits: the core stays consistent); `rd` joins
-        `handled`, for the listener once the round's messages are written."""
+        `handled`, for the listener once the round's messages are written. A Ready with a
+        hard state to write is held (raises _Held) and completed by a later round, called
+        with `hard_state_written`."""
         core, store = self.core, self.store
         assert core is not None and self.transport is not None
         retry = rd is self._stalled
-        if not retry:               # a held Ready made its cuts before it stalled
+        if not (retry or hard_state_written):   # a held Ready made its cuts before it was held
             self._cut(rd, handled)
         try:
-            if rd.entries and not (retry and store.last_index() >= rd.entries[-1].index):
+            if rd.entries and not ((retry or hard_state_written) and store.last_index() >= rd.entries[-1].index):
                 store.append(rd.entries)
                 self.metrics["entries_written"] += len(rd.entries)
-            if rd.hard_state is not None:
-                store.set_hard_state(rd.hard_state)
         except DiskFull as e:
             self._stall(rd, e)
             raise _Stalled from None
+        if rd.hard_state is not None and not hard_state_written:
+            self._held, self._held_written = rd, False
+            self._hard_state_write = asyncio.create_task(self._write_hard_state(rd),
+                                                         name=f"raft-term-vote-{self.node_id}")
+            raise _Held
         if retry:
             log.warning("raft %s: the held Ready written after %.1f s stalled on a full disk; resuming",
                         self.node_id, time.monotonic() - self._stalled_at)
@@ -402,6 +435,26 @@ class RaftNode:
         # SYNC_FLUSH: only what the flusher has fsynced counts (for our own vote in the
         # commit and for the acks a follower sends); the rest is reported when it lands.
         core.advance(rd, store.flushed_index if sync else None)
+
+    async def _write_hard_state(self, rd: Ready) -> None:
+        """The held Ready's term and vote, written on a worker thread; then the next round
+        completes the Ready (or, on a full disk, holds it as stalled and retries each tick)."""
+        t0 = time.perf_counter()
+        try:
+            await asyncio.to_thread(self.store.set_hard_state, rd.hard_state)
+        except DiskFull as e:
+            self._held = None
+            self._stall(rd, e)
+        except StoreError as e:
+            self._held = None
+            self._die(e)
+            return
+        else:
+            self._held_written = True
+        us = int((time.perf_counter() - t0) * 1e6)
+        self.metrics["hard_state_writes"] += 1
+        self.metrics["hard_state_write_us_max"] = max(self.metrics["hard_state_write_us_max"], us)
+        self._wake.set()
 
     def _cut(self, rd: Ready, handled: list[Ready]) -> None:
         """The Ready's reset or truncation, once the listener has seen the Readies before it."""
@@ -517,6 +570,8 @@ class RaftNode:
             "needs_catchup_to": core.needs_catchup_to, "fatal": str(self.fatal) if self.fatal else None,
             "appends_refused": self.metrics["appends_refused"], "stalled_on_disk": self.stall_reason,
             "checkpoints": self.metrics["checkpoints"], "checkpoint_ms_max": self.metrics["checkpoint_us_max"] / 1000,
+            "term_vote_writes": self.metrics["hard_state_writes"],
+            "term_vote_write_ms_max": self.metrics["hard_state_write_us_max"] / 1000,
         }
         if core.role is Role.LEADER:
             out["peers"] = {p: {"match_index": core.match_index(p),

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Callable
 
 from node.store.errors import is_enospc
@@ -36,6 +37,7 @@ class DiskReserve:
         self.path = os.path.join(store_root, RESERVE_FILE)
         self.given_up = 0      # times it was given up (status, tests)
         self._spent = False    # given up, and no deletion since: its room is the node's to use
+        self._lock = threading.Lock()   # giving it up and putting it back, from any thread
 
     def ensure(self, freed: bool = False) -> bool:
         """Put the reserve file in place if it is not; True when it is. `freed`: retention has
@@ -46,16 +48,17 @@ class DiskReserve:
         if self.size == 0:
             self.fs.remove(self.path)
             return False
-        if self._spent and not freed:
-            return False
-        self._spent = False
-        try:
-            self.fs.allocate(self.path, self.size)
-            return True
-        except OSError as e:
-            log.warning("no room for the %d-byte reserve %s (%s); tried again after the next retention deletion",
-                        self.size, self.path, e)
-            return False
+        with self._lock:
+            if self._spent and not freed:
+                return False
+            self._spent = False
+            try:
+                self.fs.allocate(self.path, self.size)
+                return True
+            except OSError as e:
+                log.warning("no room for the %d-byte reserve %s (%s); tried again after the next retention "
+                            "deletion", self.size, self.path, e)
+                return False
 
     def restore_if_room(self) -> bool:
         """Put a missing reserve back when the disk has room again (RESTORE_ROOM_FACTOR times its
@@ -71,17 +74,24 @@ class DiskReserve:
 
     def using(self, write: Callable[[], None], what: str) -> None:
         """`write()`; if it meets a full disk and the reserve is there, give the reserve up and
-        `write()` once more (its error, if it fails again, is the caller's)."""
+        `write()` once more (its error, if it fails again, is the caller's). Safe from any
+        thread: a worker's write (a DLedger node's term and vote, the controller's Raft meta)
+        and the event loop's (a retention cut, putting the reserve back) may meet here."""
         try:
             write()
             return
         except Exception as e:  # noqa: BLE001 - only ENOSPC is ours; anything else is re-raised as is
-            if not is_enospc(e) or self.size == 0 or not self.fs.exists(self.path):
+            if not is_enospc(e) or self.size == 0:
                 raise
-            log.warning("disk full writing %s: the %d-byte reserve %s is given up for it", what, self.size,
-                        self.path)
-        self.fs.remove(self.path)
-        self.fs.fsync_dir(os.path.dirname(self.path))
-        self.given_up += 1
-        self._spent = True
+            with self._lock:
+                if self.fs.exists(self.path):
+                    log.warning("disk full writing %s: the %d-byte reserve %s is given up for it", what,
+                                self.size, self.path)
+                    self.fs.remove(self.path)
+                    self.fs.fsync_dir(os.path.dirname(self.path))
+                    self.given_up += 1
+                    self._spent = True
+                elif not self._spent:
+                    raise       # no reserve here to give up
+                # else: given up already (by another writer a moment ago): its room may be left
         write()

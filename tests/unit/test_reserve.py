@@ -61,3 +61,44 @@ def test_restore_if_room_leaves_a_reserve_in_place_and_a_zero_size_alone(tmp_pat
     none = DiskReserve(fs, str(tmp_path / "x"), 0)
     fs.free = 1 << 40
     assert not none.restore_if_room() and not os.path.exists(none.path)
+
+
+class SlowRemoveFs(FileSystem):
+    """Removing the reserve takes a while: two writers meeting a full disk overlap in it."""
+
+    def remove(self, path: str) -> None:
+        import time
+        time.sleep(0.2)
+        super().remove(path)
+
+
+def test_two_writers_on_two_threads_give_the_reserve_up_once(tmp_path):
+    """A DLedger node writes its term and vote on a worker thread (dledger/shell.py) while the
+    event loop may write a retention cut's base state; both can meet the full disk at once.
+    The reserve is given up once and both writes are tried again in its room. Before, both
+    gave it up: the one file was removed twice and counted as given up twice."""
+    import threading
+    r = DiskReserve(SlowRemoveFs(), str(tmp_path), SIZE)
+    assert r.ensure()
+    outcomes: list[str] = []
+
+    def writer() -> None:
+        calls = []
+
+        def write() -> None:
+            calls.append(1)
+            if len(calls) == 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        try:
+            r.using(write, "meta")
+            outcomes.append("written")
+        except OSError as e:
+            outcomes.append("enospc" if e.errno == errno.ENOSPC else repr(e))
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert outcomes == ["written", "written"], outcomes
+    assert r.given_up == 1 and not os.path.exists(r.path)

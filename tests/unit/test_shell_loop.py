@@ -56,7 +56,7 @@ def test_a_failing_round_stops_the_node_instead_of_wedging_it(tmp_path):
         listener = node.listener = Exploding()
         await node.start()
         try:
-            await _until(lambda: node.core.role.name == "LEADER")
+            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
             assert node.core.role.name == "LEADER"
             listener.armed = True
             node.propose([b"x"])
@@ -274,3 +274,105 @@ def test_regression_a_leader_catching_up_a_follower_pushes_in_short_rounds(tmp_p
     big = [r for r in rounds if r > 16 * 1024]
     assert len(big) >= 20, f"the catch-up took {len(big)} rounds of pushes: {sorted(rounds)[-5:]}"
     assert max(rounds) <= bound, f"a round queued {max(rounds)} bytes (bound {bound})"
+
+
+class SlowTermVoteFileSystem(FileSystem):
+    """Meta writes that change the term or vote take `hold_s` once armed (two fsyncs behind a
+    contended disk: 1.5 s seen); checkpoints of the durable mark are not slowed."""
+
+    def __init__(self, hold_s: float):
+        self.hold_s = hold_s
+        self.armed = False
+        self.last: tuple | None = None
+
+    def write_atomic(self, path, data):
+        if path.endswith("/meta"):
+            import json
+            import time
+            doc = json.loads(data)
+            now = (doc["term"], doc["voted_for"])
+            if self.armed and now != self.last:
+                time.sleep(self.hold_s)
+            self.last = now
+        super().write_atomic(path, data)
+
+
+def _on_disk(store: EntryStore) -> tuple[int, str | None]:
+    import json
+    with open(store.meta_path) as f:
+        doc = json.load(f)
+    return doc["term"], doc["voted_for"]
+
+
+def test_regression_an_election_writes_term_and_vote_off_the_event_loop(tmp_path):
+    """A term and vote were written (two fsyncs) on the event loop: a follower's took 1,455 ms
+    on a contended disk while its node served nothing else. They are written on a worker
+    thread now while the node holds that Ready: three nodes share this test's loop, the two
+    followers' term-and-vote writes take 0.4 s each, and the loop never stalls for one. The
+    order Raft needs still holds: no vote request or granted vote leaves before its term and
+    vote are on disk."""
+    from dledger.messages import RequestVote, VoteResponse
+    peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
+    fs = {n: SlowTermVoteFileSystem(hold_s=0.4) for n in peers}
+    out_of_order: list[str] = []
+
+    def make(n: str) -> RaftNode:
+        store = EntryStore(fs[n], str(tmp_path / n), n, data_segment_size=1 << 16, index_segment_size=32 * 64)
+        # 100 ms ticks: an election timeout of 0.6-1.2 s, longer than one slow write.
+        return RaftNode(n, "g", peers, store, RaftConfig(), ShellConfig(tick_ms=100), rng=random.Random(n))
+
+    def checked_send(node: RaftNode):
+        real = node.transport.send
+
+        def send(dest, msg):
+            term, vote = _on_disk(node.store)
+            if isinstance(msg, RequestVote) and not msg.pre_vote and (term, vote) < (msg.term, node.node_id):
+                out_of_order.append(f"{node.node_id} asked for votes in term {msg.term} with {term, vote} on disk")
+            if isinstance(msg, VoteResponse) and msg.granted and not msg.pre_vote and (term, vote) != (msg.term, dest):
+                out_of_order.append(f"{node.node_id} voted for {dest} in term {msg.term} with {term, vote} on disk")
+            real(dest, msg)
+        node.transport.send = send
+
+    async def lag_probe(worst: list[float]) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.005)
+            worst[0] = max(worst[0], loop.time() - t - 0.005)
+
+    async def scenario():
+        nodes = {n: make(n) for n in peers}
+        for node in nodes.values():
+            await node.start()
+            checked_send(node)
+        worst = [0.0]
+        probe = None
+        try:
+            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
+                                     for x in nodes.values()), tries=1000)
+            old = next(x for x in nodes.values() if x.core.role.name == "LEADER")
+            rest = [x for x in nodes.values() if x is not old]
+            for x in rest:
+                fs[x.node_id].armed = True
+            probe = asyncio.create_task(lag_probe(worst))
+            await old.stop()
+            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index > x.core.first_index
+                                     for x in rest), tries=1000)
+            new = next((x for x in rest if x.core.role.name == "LEADER"), None)
+            assert new is not None, "no new leader"
+            first, last = new.propose([b"after"])
+            await _until(lambda: all(x.core.commit_index >= last for x in rest))
+            assert all(x.core.commit_index >= last for x in rest)
+            return [x.status() for x in rest], worst[0]
+        finally:
+            if probe is not None:
+                probe.cancel()
+            for node in nodes.values():
+                if node._running:
+                    await node.stop()
+
+    statuses, worst = asyncio.run(scenario())
+    assert not out_of_order, out_of_order
+    assert all(s["term_vote_writes"] >= 1 for s in statuses), statuses
+    assert max(s["term_vote_write_ms_max"] for s in statuses) >= 390, "the slow writes happened"
+    assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during the election"
