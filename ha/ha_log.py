@@ -27,6 +27,7 @@ import heapq
 import itertools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -106,6 +107,8 @@ class HALog:
         self.commitlog = self.local.commitlog
         self.segment_size = self.commitlog.segment_size
         self.epochs = EpochFile(fs, store_root)
+        # Once started, the epoch file changes only on this one thread (_epochs_write).
+        self._epoch_io: ThreadPoolExecutor | None = None
         self.core = HAServiceCore(master_id=config.broker_id, timings=config.timings,
                                   all_ack_in_sync_state_set=config.all_ack_in_sync_state_set,
                                   min_in_sync_replicas=config.min_in_sync_replicas)
@@ -139,6 +142,7 @@ class HALog:
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         await self.local.start()
+        self._epoch_io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="epoch-file")
         self.epochs.load()
         # A crash between a commitlog truncation and the epoch file's rewrite leaves epochs past the end.
         self.epochs.drop_beyond(self.commitlog.max_offset)
@@ -171,6 +175,10 @@ class HALog:
             self.controller_client = None
         await self._stop_service()
         await self._stop_client()
+        if self._epoch_io is not None:
+            await asyncio.get_running_loop().run_in_executor(self._epoch_io, _nothing)   # the writes asked land
+            self._epoch_io.shutdown(wait=False)
+            self._epoch_io = None
         await self.local.stop()
         self._started = False
 
@@ -384,13 +392,14 @@ class HALog:
             if self.local.fatal is not None:
                 raise self.local.fatal
 
-    def ha_settle(self) -> None:
+    async def ha_settle(self) -> None:
         """Before the report: advance the committed boundary over the complete records received
         (flushed ones under SYNC_FLUSH; each record's framing checked) and adopt the epochs they
         start."""
         limit = self.commitlog.flushed_offset if self.local.sync_flush else self.commitlog.max_offset
         self._advance_boundary(limit)
-        self._adopt_pending_epochs()
+        if self._pending_epochs and self.commitlog.max_offset > self._pending_epochs[0].start_offset:
+            await self._adopt_pending_epochs()
 
     def _advance_boundary(self, limit: int) -> None:
         """Move the boundary over complete records below `limit`, keeping queue offsets current.
@@ -461,15 +470,23 @@ class HALog:
             i += total
         return i, 0, budget
 
-    def _adopt_pending_epochs(self) -> None:
+    async def _adopt_pending_epochs(self) -> None:
         """Record a master epoch in our own file once we hold bytes from it (so elections see it)."""
-        took = 0
-        for e in self._pending_epochs:
-            if self.commitlog.max_offset <= e.start_offset:
-                break
+        due = [e for e in self._pending_epochs if e.start_offset < self.commitlog.max_offset]
+        await self._epochs_write(self._append_epochs, due)
+        del self._pending_epochs[:len(due)]
+
+    def _append_epochs(self, entries: list[EpochEntry]) -> None:
+        for e in entries:
             self.epochs.append(e.epoch, e.start_offset)
-            took += 1
-        del self._pending_epochs[:took]
+
+    async def _epochs_write(self, change: Callable[..., None], *args) -> None:
+        """A change of the epoch file (each write two fsyncs: the file, its directory) on its own
+        worker thread: off the event loop, where one took 256 ms behind another writer, and one
+        at a time in the order asked. Shielded: a change whose caller is cancelled (a slave
+        session ended by a promotion) still lands, before the promotion's own."""
+        assert self._epoch_io is not None, "start() first"
+        await asyncio.shield(asyncio.get_running_loop().run_in_executor(self._epoch_io, change, *args))
 
     async def ha_reconcile(self, master_epochs: list[tuple[int, int]], master_max: int, master_min: int = 0) -> None:
         """Before the first report to a master: truncate (durably) to where our logs agree."""
@@ -485,9 +502,9 @@ class HALog:
             await self._restart_at(master_min)
         mine = [e for e in theirs if e.start_offset < self.commitlog.max_offset]
         if mine and [(e.epoch, e.start_offset) for e in mine] != self._epoch_pairs()[:len(mine)]:
-            self.epochs.replace(mine)
+            await self._epochs_write(self.epochs.replace, mine)
         elif not mine and self.epochs.entries and theirs:
-            self.epochs.replace([])
+            await self._epochs_write(self.epochs.replace, [])
         self._pending_epochs = [e for e in theirs if e.start_offset >= self.commitlog.max_offset]
 
     async def _restart_at(self, master_min: int) -> None:
@@ -528,7 +545,6 @@ class HALog:
         rewind = self._tail_queue_offsets(offset)
         async with self.local.io_lock:
             report = self.commitlog.truncate(offset)   # zeroed and fsynced before it returns (RocketMQ #10666)
-        self.epochs.truncate_suffix(offset)
         for (topic, qid), first in rewind.items():
             if first < self.local.queue_offsets.get(topic, qid):
                 self.local.queue_offsets.set(topic, qid, first)
@@ -537,6 +553,9 @@ class HALog:
         self.local.rewind_committed(offset)
         for listener in list(self.truncate_listeners):
             listener(offset)
+        # After the state above, with no await between (a crash before this write leaves epochs
+        # past the log's end, which start() drops).
+        await self._epochs_write(self.epochs.truncate_suffix, offset)
         log.warning("truncated commitlog to %d", offset, extra={"zeroed_bytes": report.zeroed_bytes,
                                                                 "removed_files": report.removed_files})
 
@@ -582,9 +601,7 @@ class HALog:
                                     new_epoch=epoch > self.epochs.last_epoch)
             self._report_seq = 0
             if epoch > self.epochs.last_epoch:
-                # Two fsyncs (the file, its directory): on a worker thread, as a flush is; on
-                # the loop they took 256 ms behind another writer. Writes open only after it.
-                await asyncio.to_thread(self._start_epoch, epoch, self.commitlog.max_offset)
+                await self._epochs_write(self._start_epoch, epoch, self.commitlog.max_offset)   # writes open after it
             # epoch == last epoch: a master restarting within its own epoch continues it.
             self.epoch = max(self.epoch, epoch)
             await self._start_master()
@@ -816,3 +833,7 @@ def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConf
 def _peer_security(config):
     from node.peer_auth import peer_security_from_config
     return peer_security_from_config(config, (config.bind_address,))
+
+
+def _nothing() -> None:
+    """A no-op for the epoch file's thread: once it has run, every change asked before it has."""

@@ -313,7 +313,7 @@ class SlaveSink(Protocol):
     async def ha_reconcile(self, master_epochs: list[tuple[int, int]], master_max: int, master_min: int) -> None: ...
     async def ha_append(self, verdict: PushVerdict, offset: int, data: bytes) -> None: ...
     async def ha_after_batch(self) -> None: ...
-    def ha_settle(self) -> None: ...
+    async def ha_settle(self) -> None: ...
 
 
 class HAClient:
@@ -443,7 +443,7 @@ class HAClient:
                 self.rate.add(len(data), now_ms())
                 await self._apply(core, dec, data)
                 await self.sink.ha_after_batch()   # flush per flushDiskType before we report it
-                self.sink.ha_settle()              # framing checked, committed offset moved: then report
+                await self.sink.ha_settle()        # framing checked, committed offset moved: then report
             if core.check_silence(now_ms()):
                 raise asyncio.TimeoutError(core.close_reason)
             await self._report(writer, core)

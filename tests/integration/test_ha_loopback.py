@@ -448,3 +448,57 @@ def test_regression_a_promotion_writes_its_epoch_off_the_event_loop(tmp_path):
     assert res[0].status is PutStatus.SEND_OK
     assert [(e.epoch, e.start_offset) for e in epochs] == [(3, 0)]
     assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+
+
+class _CountedSlowEpochWrites(_SlowEpochWrites):
+    def __init__(self):
+        self.epoch_writes = 0
+
+    def write_atomic(self, path, data):
+        if path.endswith(EPOCH_FILE_NAME):
+            self.epoch_writes += 1
+        super().write_atomic(path, data)
+
+
+def test_regression_a_slave_writes_its_epoch_file_off_the_event_loop(tmp_path):
+    """An old master returning as a slave truncated its tail and adopted the new master's epoch
+    with the epoch file written (two fsyncs) on the event loop, in the HA client's session.
+    These writes run on the HA log's epoch thread now, in order: with each taking 0.4 s, the
+    loop is never blocked, the tail is cut and the file ends equal to the new master's."""
+    from node.loop_watchdog import LoopWatchdog
+
+    async def main():
+        fs = _CountedSlowEpochWrites()
+        a = HALog(fs, str(tmp_path / "a"), lcfg(), HALogConfig(
+            broker_id=0, initial_role=MASTER, sync_master=True, ha_listen_host="127.0.0.1", ha_listen_port=0,
+            self_api_address="127.0.0.1:1", timings=FAST))
+        await a.start()
+        await a.become_master(epoch=1)
+        b = slave_log(tmp_path / "b", a)
+        await b.start()
+        await until(lambda: a.core.best_ack() >= 0)
+        await a.append([msg(i) for i in range(10)])
+        await until(lambda: b.committed_position == a.committed_position)
+        await b._stop_client()
+        await a.append([msg(100 + i) for i in range(5)])       # a tail nobody acked
+        await b.become_master(epoch=2)
+        await b.append([msg(200 + i) for i in range(3)])
+        writes = fs.epoch_writes
+        wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+        wd.start()
+        try:
+            await a.become_slave(f"127.0.0.1:{b.ha_port}", "127.0.0.1:1", epoch=2)
+            await until(lambda: a.committed_position == b.committed_position and a.ha_epochs() == b.ha_epochs(),
+                        what="old master resynced and its epochs adopted")
+            await asyncio.sleep(0.05)        # the watchdog's tick runs and sees any stall
+        finally:
+            wd.stop()
+        out = fs.epoch_writes - writes, bodies(a), bodies(b), wd
+        await a.stop()
+        await b.stop()
+        return out
+
+    writes, mine, theirs, wd = asyncio.run(main())
+    assert writes >= 1, "the epoch file was written while following"
+    assert mine == theirs and b"000100" not in mine
+    assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"

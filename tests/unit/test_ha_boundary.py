@@ -57,7 +57,7 @@ def test_slave_boundary_walk_matches_the_master(tmp_path, monkeypatch, seed):
             n = min(rng.choice([1, 7, 90, 700, 5000, 20000]), end - pos, seg_end - pos)
             await s._append_raw(pos, m.ha_read(pos, n))
             pos += n
-            s.ha_settle()
+            await s.ha_settle()
             assert s.committed_position <= pos
             ends.add(s.committed_position)
         assert s.committed_position == end
@@ -85,7 +85,7 @@ def test_bad_record_header_from_the_master_is_corruption(tmp_path):
         await s.start()
         await s._append_raw(0, b"\x00\x00\x00\x40" + b"\x12\x34\x56\x78" + bytes(56))
         with pytest.raises(CorruptRecord):
-            s.ha_settle()
+            await s.ha_settle()
         await s.stop()
     asyncio.run(main())
 
@@ -111,7 +111,7 @@ def test_a_slave_whose_disk_fills_pauses_replication_and_resumes_where_it_stoppe
         await s.start()
         half = end // 2
         await s._append_raw(0, m.ha_read(0, half))
-        s.ha_settle()
+        await s.ha_settle()
         fs.short_write_bytes = 100                      # the next write stores 100 bytes, then ENOSPC
         with pytest.raises(DiskFull, match="resumes from there"):
             await s._append_raw(half, m.ha_read(half, end - half))
@@ -123,7 +123,7 @@ def test_a_slave_whose_disk_fills_pauses_replication_and_resumes_where_it_stoppe
         assert s.ha_max_offset() == half
         fs.write_budget_bytes = None                    # space returns: the same push from the same offset
         await s._append_raw(half, m.ha_read(half, end - half))
-        s.ha_settle()
+        await s.ha_settle()
         assert s.ha_max_offset() == end and s.commitlog.files.read(0, end) == m.ha_read(0, end)
         await s.stop()
         await m.stop()

@@ -37,7 +37,7 @@ class Sink:
     async def ha_after_batch(self) -> None:
         return None
 
-    def ha_settle(self) -> None:
+    async def ha_settle(self) -> None:
         return None
 
 
