@@ -23,12 +23,19 @@ log = logging.getLogger(__name__)
 
 
 class RemoteOffsetStore:
+    """Offsets committed to the broker. A commit answers its put status: on a SYNC_MASTER whose
+    slave did not confirm it (SLAVE_NOT_AVAILABLE, FLUSH_SLAVE_TIMEOUT) the master stored it
+    but a failover may bring back an older offset, and the messages after that one are
+    delivered again. Such queues are kept in `unconfirmed` (queue -> status) until a later
+    commit of theirs is confirmed, with one warning per queue and status."""
+
     def __init__(self, transport: Transport, routes: RouteTable, group: str):
         self.transport = transport
         self.routes = routes
         self.group = group
         self.table: dict[MessageQueue, int] = {}
         self._persisted: dict[MessageQueue, int] = {}
+        self.unconfirmed: dict[MessageQueue, str] = {}
 
     def update(self, mq: MessageQueue, offset: int) -> None:
         self.table[mq] = offset
@@ -51,15 +58,27 @@ class RemoteOffsetStore:
             if off is None or self._persisted.get(mq) == off:
                 continue
             g = self.routes.group(mq.broker_name)
-            await self.transport.call(g, "POST", f"/groups/{self.group}/offsets",
-                                      {"topic": mq.topic, "queue_id": mq.queue_id, "offset": off})
+            doc = await self.transport.call(g, "POST", f"/groups/{self.group}/offsets",
+                                            {"topic": mq.topic, "queue_id": mq.queue_id, "offset": off})
             self._persisted[mq] = off
+            self._note_status(mq, off, doc.get("status", "SEND_OK") if isinstance(doc, dict) else "SEND_OK")
             n += 1
         return n
+
+    def _note_status(self, mq: MessageQueue, offset: int, status: str) -> None:
+        if status == "SEND_OK":
+            self.unconfirmed.pop(mq, None)
+            return
+        if self.unconfirmed.get(mq) != status:
+            log.warning("offset %d of %s committed to the master of %s but not confirmed by a slave (%s): a "
+                        "failover may bring back an older offset and deliver the messages after it again",
+                        offset, mq, mq.broker_name, status)
+        self.unconfirmed[mq] = status
 
     def remove(self, mq: MessageQueue) -> None:
         self.table.pop(mq, None)
         self._persisted.pop(mq, None)
+        self.unconfirmed.pop(mq, None)
 
 
 class LocalFileOffsetStore:

@@ -204,3 +204,41 @@ def test_an_unreachable_bare_address_list_keeps_its_placeholder_name_and_asks_ag
         finally:
             await t.close()
     run(go())
+
+
+def test_an_offset_commit_a_slave_did_not_confirm_is_kept_in_unconfirmed_until_one_is(caplog):
+    """The broker answers an offset commit with its put status; on a SYNC_MASTER without a
+    slave it is SLAVE_NOT_AVAILABLE: stored on the master, not replicated. The store keeps
+    such queues in `unconfirmed` with one warning, and drops them once a commit is confirmed.
+    Before, the SDK dropped the status and nothing told the user."""
+    from mqstore.client.offsets import RemoteOffsetStore
+
+    class Answers:
+        def __init__(self):
+            self.statuses = ["SLAVE_NOT_AVAILABLE", "SLAVE_NOT_AVAILABLE", "SEND_OK"]
+            self.bodies = []
+
+        async def call(self, group, method, path, doc=None, params=None):
+            self.bodies.append(doc)
+            return {"group": "G", **doc, "status": self.statuses.pop(0)}
+
+    class Routes:
+        def group(self, name):
+            return name
+
+    transport = Answers()
+    store = RemoteOffsetStore(transport, Routes(), "G")
+    mq = MessageQueue("T", "b", 0)
+
+    async def commits():
+        seen = []
+        for off in (3, 5, 9):
+            store.update(mq, off)
+            assert await store.persist() == 1
+            seen.append(dict(store.unconfirmed))
+        return seen
+
+    seen = run(commits())
+    assert seen == [{mq: "SLAVE_NOT_AVAILABLE"}, {mq: "SLAVE_NOT_AVAILABLE"}, {}]
+    assert [b["offset"] for b in transport.bodies] == [3, 5, 9]
+    assert caplog.text.count("not confirmed by a slave") == 1
