@@ -25,7 +25,7 @@ import time
 import traceback
 
 from node.log_throttle import LogThrottle
-from node.metrics import LatencyHistogram
+from node.histogram import LatencyHistogram
 
 log = logging.getLogger(__name__)
 

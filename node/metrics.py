@@ -14,14 +14,14 @@ counters end in `_total`, sizes in `_bytes`, durations in `_seconds`.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import deque
 from typing import Any, Callable, Iterator
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from node.histogram import LatencyHistogram
 from node.store import cold_reads
 from node.store.fileio import FileHandle, FileSystem
 
@@ -30,8 +30,6 @@ MAX_TOPIC_SERIES = 10_000               # bound on per-topic series (label cardi
 MAX_LAG_SERIES = 50_000                 # bound on (topic, queue, group) lag series per scrape
 MAX_DISK_WALK_FILES = 100_000           # bound on files summed for the store size
 RATE_WINDOW_S = 60                      # seconds of per-second counts kept for TPS
-FSYNC_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                   2.5, 5.0, 10.0)
 ROLE_VALUES = ("LEADER", "FOLLOWER", "CANDIDATE", "MASTER", "SLAVE", "STANDALONE")
 
 
@@ -91,42 +89,6 @@ class TrafficStats:
 
 
 # --- fsync latency ----------------------------------------------------------------------------------
-class LatencyHistogram:
-    """Cumulative-bucket histogram, safe to observe from worker threads (fsyncs run in to_thread)."""
-
-    def __init__(self, buckets: tuple[float, ...] = FSYNC_BUCKETS_S):
-        assert list(buckets) == sorted(buckets), "buckets ascend"
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)       # last one is +Inf
-        self.sum_s = 0.0
-        self._lock = threading.Lock()
-
-    def observe(self, seconds: float) -> None:
-        i = 0
-        while i < len(self.buckets) and seconds > self.buckets[i]:
-            i += 1
-        with self._lock:
-            self.counts[i] += 1
-            self.sum_s += seconds
-
-    @property
-    def count(self) -> int:
-        return sum(self.counts)
-
-    def family(self, name: str, doc: str) -> HistogramMetricFamily:
-        with self._lock:
-            counts, total = list(self.counts), self.sum_s
-        cumulative, acc = [], 0
-        for bound, c in zip([*map(_fmt_bound, self.buckets), "+Inf"], counts):
-            acc += c
-            cumulative.append((bound, acc))
-        return HistogramMetricFamily(name, doc, buckets=cumulative, sum_value=total)
-
-
-def _fmt_bound(b: float) -> str:
-    return repr(float(b))
-
-
 class _TimedFile:
     """A FileHandle whose fsync is timed into the file system's histogram."""
 
@@ -260,12 +222,9 @@ class NodeCollector:
         if isinstance(fs, TimedFileSystem):
             yield fs.fsync_seconds.family("rocketmq_fsync_latency_seconds",
                                           "Time of each fsync (data files and directories)")
-        fills = cold_reads.STATS      # node/store/cold_reads.py
-        yield CounterMetricFamily("rocketmq_store_cold_read_fills", "Reads of old bytes (pulls, HA and DLedger "
-                                  "pushes far behind the log's end) made by a worker thread, off the event loop",
-                                  value=fills.count)
-        yield CounterMetricFamily("rocketmq_store_cold_read_fill_seconds", "Time those reads took",
-                                  value=fills.seconds_total)
+        yield cold_reads.FILLS.family("rocketmq_store_cold_read_fill_seconds",
+                                      "Each read of old bytes (pulls, HA and DLedger pushes far behind the log's "
+                                      "end) made by a worker thread, off the event loop")
         watchdog = getattr(b, "loop_watchdog", None)
         if watchdog is not None:   # node/loop_watchdog.py
             yield watchdog.histogram.family("rocketmq_event_loop_stall_seconds",

@@ -35,6 +35,8 @@ import time
 import weakref
 from typing import Any, Callable, TypeVar
 
+from node.histogram import LatencyHistogram
+
 T = TypeVar("T")
 
 WORKER_THREADS = 4          # fetches at once (they only wait for the disk)
@@ -65,23 +67,9 @@ class _Mode(threading.local):
 _mode = _Mode()
 
 
-class ColdReadStats:
-    """Process-wide: fetches made by the workers, and the seconds they took (for /metrics)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.count = 0
-        self.seconds_total = 0.0
-        self.seconds_max = 0.0
-
-    def observe(self, seconds: float) -> None:
-        with self._lock:
-            self.count += 1
-            self.seconds_total += seconds
-            self.seconds_max = max(self.seconds_max, seconds)
-
-
-STATS = ColdReadStats()
+# Each fetch made by a worker and the seconds it took (for /metrics: one process-wide histogram).
+FILL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+FILLS = LatencyHistogram(FILL_BUCKETS_S)
 
 
 def must_not_wait() -> bool:
@@ -142,4 +130,4 @@ async def fill(fetch: Callable[[], None]) -> None:
         try:
             await loop.run_in_executor(_pool(), fetch)
         finally:
-            STATS.observe(time.perf_counter() - t0)
+            FILLS.observe(time.perf_counter() - t0)

@@ -85,11 +85,11 @@ def test_reads_of_the_newest_bytes_are_plain_reads(tmp_path, monkeypatch):
             out.append(time.monotonic() - t0)
         return out
 
-    fills = cold_reads.STATS.count
+    fills = cold_reads.FILLS.count
     newest, older = asyncio.run(both())
     sf.close()
     assert newest >= COLD_READ_S, "the newest bytes were read plainly (here: a slow disk read, on the loop)"
-    assert cold_reads.STATS.count == fills + 1, "only the older read was a fill"
+    assert cold_reads.FILLS.count == fills + 1, "only the older read was a fill"
 
 
 def test_an_old_segment_read_is_fetched_on_a_worker_and_then_answered_on_the_loop(tmp_path):
@@ -120,14 +120,14 @@ def test_an_old_segment_read_is_fetched_on_a_worker_and_then_answered_on_the_loo
         t.cancel()
         return got, ticks
 
-    fills = cold_reads.STATS.count
+    fills = cold_reads.FILLS.count
     got, ticks = asyncio.run(scenario())
     sf.close()
     assert got == data[1000:4000]
     assert served_on == [loop_thread], "the read completed once, on the loop"
     assert fs.disk_reads and loop_thread not in fs.disk_reads, "the slow read ran on a worker"
     assert ticks >= COLD_READ_S / 0.01 / 2, f"the loop ran {ticks} ticks during a {COLD_READ_S} s disk read"
-    assert cold_reads.STATS.count == fills + 1
+    assert cold_reads.FILLS.count == fills + 1
 
 
 def test_without_a_way_to_fetch_the_read_runs_on_the_loop_as_before():
@@ -193,7 +193,7 @@ def test_regression_a_pull_of_cold_data_does_not_block_the_event_loop(tmp_path):
     assert fs.disk_reads, "the pull did read the cold disk"
     assert elapsed >= COLD_READ_S
     assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
-    assert cold_reads.STATS.seconds_max >= COLD_READ_S * 0.9
+    assert cold_reads.FILLS.max_s >= COLD_READ_S * 0.9
 
 
 def test_regression_lookups_of_old_messages_do_not_block_the_event_loop(tmp_path):
@@ -261,8 +261,9 @@ def test_metrics_count_the_fills(tmp_path):
             await b.stop()
 
     text = asyncio.run(scrape())
-    assert f"rocketmq_store_cold_read_fills_total {float(cold_reads.STATS.count)}" in text
-    assert "rocketmq_store_cold_read_fill_seconds_total" in text
+    assert f"rocketmq_store_cold_read_fill_seconds_count {float(cold_reads.FILLS.count)}" in text
+    assert 'rocketmq_store_cold_read_fill_seconds_bucket{le="+Inf"}' in text
+    assert "rocketmq_store_cold_read_fill_seconds_sum" in text
 
 
 def test_a_pull_of_old_commitlog_bytes_through_the_real_file_system_is_fetched_by_a_worker(tmp_path):
@@ -275,11 +276,11 @@ def test_a_pull_of_old_commitlog_bytes_through_the_real_file_system_is_fetched_b
         try:
             sent = await fill_topic(b, 400)
             b.log.commitlog.files.forget_fetched()      # what dispatch fetched
-            fills = [cold_reads.STATS.count]
+            fills = [cold_reads.FILLS.count]
             first = await b.pull("T", 0, 0, 32)
-            fills.append(cold_reads.STATS.count)
+            fills.append(cold_reads.FILLS.count)
             later = await b.pull("T", 0, 300, 32)
-            fills.append(cold_reads.STATS.count)
+            fills.append(cold_reads.FILLS.count)
             return sent, first, later, fills
         finally:
             await b.stop()
