@@ -701,11 +701,13 @@ class DLedgerLog:
         return self.peer_api_addrs.get(leader_id) if leader_id else None
 
     def _held_core(self):
-        """The core while its Raft state is held on a full disk (a stall), else None. The listener
-        hears nothing then, but a leader that stepped down in memory (a newer term it cannot
-        store yet) serves no writes: its role and leader are the core's, not the last heard."""
+        """The core while its Raft state is held (a full disk, or a new term and vote being
+        written: RaftNode.holds_ready), else None. The listener hears nothing then, but a
+        leader that stepped down in memory (a newer term not stored yet) serves no writes: its
+        role and leader are the core's, not the last heard, so that no role is reported with
+        a term it does not go with."""
         core = self.node.core
-        return core if core is not None and self.node.stall_reason is not None else None
+        return core if core is not None and self.node.holds_ready else None
 
     @property
     def fatal(self) -> BaseException | None:

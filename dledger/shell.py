@@ -240,6 +240,12 @@ class RaftNode:
         if self._stalled is not None:
             raise DiskFull(f"raft {self.node_id} is stalled on a full disk: {self.stall_reason}")
 
+    @property
+    def holds_ready(self) -> bool:
+        """A Ready is held: its entries or hard state met a full disk, or its term and vote are
+        being written. The core has moved on in memory; the listener has not heard of it yet."""
+        return self._stalled is not None or self._held is not None
+
     def _check_not_held(self) -> None:
         if self._held is not None:
             raise NotLeader(self._held.leader_id, f"term {self._held.term} and vote being stored")

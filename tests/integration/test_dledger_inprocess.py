@@ -160,3 +160,70 @@ def test_restart_keeps_queue_offsets(tmp_path):
         finally:
             await c.stop_all()
     asyncio.run(main())
+
+
+class _GatedTermVoteFs(FileSystem):
+    """Once armed, a meta write that changes the term waits for the test to open the gate."""
+
+    def __init__(self) -> None:
+        import threading
+        self.armed = False
+        self.gate = threading.Event()
+        self.waiting = threading.Event()
+        self.term: int | None = None
+
+    def write_atomic(self, path, data):
+        if path.endswith("/meta"):
+            import json
+            term = json.loads(data)["term"]
+            if self.armed and self.term is not None and term != self.term:
+                self.waiting.set()
+                assert self.gate.wait(10), "the test never opened the gate"
+            self.term = term
+        super().write_atomic(path, data)
+
+
+def test_regression_a_leader_storing_a_newer_term_reports_no_leadership_in_it(tmp_path):
+    """A leader that stepped down to a newer term in memory, its term and vote still being
+    written (on a worker thread), reported role LEADER (the last Ready heard) with the new
+    term (the core's) on /cluster: the random-fault runs saw "two leaders in one term". While
+    the write is held it now reports the core's role and refuses writes; the group elects the
+    transfer target meanwhile, and the old leader follows once the write lands."""
+    class GatedCluster(Cluster):
+        def make(self, node_id: str, seed: int) -> DLedgerLog:
+            fs = self.fs[node_id] = _GatedTermVoteFs()
+            store = EntryStore(fs, self.root, node_id, data_segment_size=SEG, index_segment_size=IDX_SEG)
+            node = RaftNode(node_id, "g", self.peers, store, RaftConfig(), ShellConfig(tick_ms=20),
+                            rng=random.Random(seed))
+            log = self.logs[node_id] = DLedgerLog(node, self.apis, store_port=10911, append_timeout_s=5)
+            return log
+
+    async def main():
+        c = GatedCluster(str(tmp_path))
+        c.fs = {}
+        await c.start_all()
+        old = await c.leader()
+        fs = c.fs[old.node.node_id]
+        try:
+            assert (await old.append([draft(1)]))[0].status is PutStatus.SEND_OK
+            term = old.node.core.term
+            target = next(i for i in c.logs if i != old.node.node_id)
+            fs.armed = True
+            old.node.transfer_leadership(target)
+            await wait_for(lambda: fs.waiting.is_set(), timeout=5)
+            held = old.status()
+            new = await c.leader(exclude=(old.node.node_id,), timeout=5)
+            during = (old.role(), old.is_writable, old.status())
+            fs.gate.set()
+            await wait_for(lambda: old.role() == "FOLLOWER" and not old.node.holds_ready, timeout=5)
+            res = await new.append([draft(2)])
+            return term, held, during, new.node.node_id, target, res
+        finally:
+            fs.gate.set()
+            await c.stop_all()
+
+    term, held, during, new_id, target, res = asyncio.run(main())
+    assert held["term"] > term and held["role"] != "LEADER", held
+    role, writable, status = during
+    assert role != "LEADER" and not writable and status["role"] == role, status
+    assert new_id == target and res[0].status is PutStatus.SEND_OK
