@@ -587,10 +587,14 @@ class HALog:
     async def become_master(self, epoch: int = 0) -> None:
         """Promotion: drop a half-received record, record the epoch, then accept writes."""
         async with self._role_lock:
-            if self._role == MASTER and epoch <= self.epoch:
-                return
+            if self._role == MASTER and self._accepting and epoch <= self.epoch:
+                return      # (a promotion that failed half-way is taken again)
             was = self._role
             self._role = MASTER   # no push is applied from here on (ha_append checks the role)
+            # Reported with the role from here on: the controller gave this epoch to this broker, and
+            # the old epoch beside MASTER would claim a term another master held (a claim check's
+            # "two masters at one epoch") while the steps below await.
+            self.epoch = max(self.epoch, epoch)
             await self._stop_client()
             if was == SLAVE and self.commitlog.max_offset > self._boundary:
                 await self._truncate(self._boundary)   # half a record from the old master
@@ -603,7 +607,6 @@ class HALog:
             if epoch > self.epochs.last_epoch:
                 await self._epochs_write(self._start_epoch, epoch, self.commitlog.max_offset)   # writes open after it
             # epoch == last epoch: a master restarting within its own epoch continues it.
-            self.epoch = max(self.epoch, epoch)
             await self._start_master()
             log.warning("became MASTER (was %s) at epoch %d, offset %d", was, epoch, self.commitlog.max_offset)
 

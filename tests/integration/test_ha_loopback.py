@@ -502,3 +502,48 @@ def test_regression_a_slave_writes_its_epoch_file_off_the_event_loop(tmp_path):
     assert writes >= 1, "the epoch file was written while following"
     assert mine == theirs and b"000100" not in mine
     assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+
+
+def test_regression_a_broker_being_promoted_reports_master_only_with_its_new_epoch(tmp_path):
+    """A slave being promoted took the MASTER role at once (no push applied from then on) but
+    reported its old master epoch until the new one was written: with that write on a worker
+    thread (0.4 s here) /cluster said MASTER at an epoch another broker had been master of.
+    The new epoch is reported with the role now; and a promotion whose epoch write failed is
+    taken again by the next call instead of being skipped as done."""
+    class FailingOnceEpochWrites(_SlowEpochWrites):
+        failures = 1
+
+        def write_atomic(self, path, data):
+            if path.endswith(EPOCH_FILE_NAME) and self.failures:
+                self.failures -= 1
+                raise OSError(5, "Input/output error (test)")
+            super().write_atomic(path, data)
+
+    async def main():
+        s = HALog(FailingOnceEpochWrites(), str(tmp_path / "s"), lcfg(), HALogConfig(
+            broker_id=1, initial_role=SLAVE, sync_master=False, ha_master_address="127.0.0.1:9",
+            master_api_address="127.0.0.1:1", ha_listen_host="127.0.0.1", ha_listen_port=0, timings=FAST))
+        await s.start()
+        seen = []
+        try:
+            try:
+                await s.become_master(epoch=3)
+            except OSError:
+                pass
+            failed = (s.role(), s.status()["accepting_writes"])
+            promotion = asyncio.ensure_future(s.become_master(epoch=3))
+            while not promotion.done():
+                st = s.status()
+                seen.append((st["role"], st["master_epoch"]))
+                await asyncio.sleep(0.01)
+            await promotion
+            res = await s.append([msg(1)])
+        finally:
+            await s.stop()
+        return failed, seen, res
+
+    failed, seen, res = asyncio.run(main())
+    assert failed == ("MASTER", False), "the failed promotion accepts no writes"
+    masters = [e for role, e in seen if role == "MASTER"]
+    assert len(seen) >= 10 and masters and all(e == 3 for e in masters), seen[:5]
+    assert res[0].status is PutStatus.SEND_OK
