@@ -190,6 +190,10 @@ def test_regression_a_leader_storing_a_newer_term_reports_no_leadership_in_it(tm
     the write is held it now reports the core's role and refuses writes; the group elects the
     transfer target meanwhile, and the old leader follows once the write lands."""
     class GatedCluster(Cluster):
+        def __init__(self, root: str):
+            super().__init__(root)
+            self.fs: dict[str, _GatedTermVoteFs] = {}
+
         def make(self, node_id: str, seed: int) -> DLedgerLog:
             fs = self.fs[node_id] = _GatedTermVoteFs()
             store = EntryStore(fs, self.root, node_id, data_segment_size=SEG, index_segment_size=IDX_SEG)
@@ -200,7 +204,6 @@ def test_regression_a_leader_storing_a_newer_term_reports_no_leadership_in_it(tm
 
     async def main():
         c = GatedCluster(str(tmp_path))
-        c.fs = {}
         await c.start_all()
         old = await c.leader()
         fs = c.fs[old.node.node_id]
