@@ -10,6 +10,13 @@ once it is older than `warn_s` the thread takes the loop thread's stack, which i
 loop is stuck. When the loop runs again the stall is counted (count, total, longest and a
 histogram, for /metrics) and logged with that stack, at most once per `warn_every_s` (the
 others are counted in the next warning).
+
+A paused process (SIGSTOP, a host that did not run the VM) looks the same to the loop, but
+it is not a stall: nothing in the process ran. The thread tells them apart. When its own
+wait overshot by more than `warn_s` too, and the process used under a quarter of the gap
+in CPU, the whole process was paused. Such a gap is counted in `pauses` and logged at info,
+not warned of as a stall. A call holding the GIL also keeps the thread from running, but it
+uses the CPU, so it still counts as a stall.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from node.histogram import LatencyHistogram
 log = logging.getLogger(__name__)
 
 STALL_BUCKETS_S = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+PAUSE_MAX_CPU_SHARE = 0.25    # a gap with less process CPU than this share of it, the thread late too: a pause
 MAX_STACK_FRAMES = 12
 WARNING = "event loop blocked for %.0f ms (%d more stall(s) over %.0f ms since the last warning); it was in:\n%s"
 _WARNING_RE = re.compile(r"event loop blocked for (\d+) ms \((\d+) more stall")
@@ -50,6 +58,11 @@ class LoopWatchdog:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._loop_thread_id = 0
+        self._beat_cpu = time.process_time()
+        self._watch_woke = time.monotonic()   # when the thread last woke
+        self._watch_gap_end = 0.0    # when the thread last woke after overshooting its wait by > warn_s
+        self.pauses = 0              # gaps in which the whole process was paused (not counted as stalls)
+        self.paused_s_total = 0.0
 
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
@@ -72,15 +85,23 @@ class LoopWatchdog:
 
     def status(self) -> dict:
         return {"stalls": self.stalls, "stalled_s_total": round(self.histogram.sum_s, 3),
-                "stalled_s_max": round(self.stalled_s_max, 3), "warn_s": self.warn_s}
+                "stalled_s_max": round(self.stalled_s_max, 3), "warn_s": self.warn_s,
+                "pauses": self.pauses, "paused_s_total": round(self.paused_s_total, 3)}
 
     # --- on the loop --------------------------------------------------------------------------
     def _tick(self) -> None:
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.process_time()
         late = now - self._beat - self.beat_s      # how long the loop could not run this tick
         if late >= self.warn_s:
-            self._record(late, self._stack)
-        self._beat = now            # first: the thread must not take the stack of a loop that runs
+            thread_late = self._watch_gap_end > self._beat or now - self._watch_woke > self.warn_s
+            if thread_late and cpu - self._beat_cpu < PAUSE_MAX_CPU_SHARE * late:
+                self.pauses += 1
+                self.paused_s_total += late
+                log.info("process paused for %.0f ms (nothing ran: SIGSTOP or the host); not an event loop "
+                         "stall", late * 1000)
+            else:
+                self._record(late, self._stack)
+        self._beat, self._beat_cpu = now, cpu   # first: the thread must not take the stack of a loop that runs
         self._stack = None
         if not self._stop.is_set():
             self._handle = self._loop.call_later(self.beat_s, self._tick)
@@ -96,8 +117,13 @@ class LoopWatchdog:
     # --- on the watchdog thread ---------------------------------------------------------------
     def _watch(self) -> None:
         period = min(self.beat_s, self.warn_s / 4)
+        self._watch_woke = time.monotonic()
         while not self._stop.wait(period):
-            if self._stack is None and time.monotonic() - self._beat > self.warn_s:
+            now = time.monotonic()
+            if now - self._watch_woke - period > self.warn_s:
+                self._watch_gap_end = now          # this thread did not run either
+            self._watch_woke = now
+            if self._stack is None and now - self._beat > self.warn_s:
                 frame = sys._current_frames().get(self._loop_thread_id)
                 if frame is not None:
                     self._stack = traceback.format_stack(frame, limit=MAX_STACK_FRAMES)

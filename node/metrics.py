@@ -229,6 +229,9 @@ class NodeCollector:
         if watchdog is not None:   # node/loop_watchdog.py
             yield watchdog.histogram.family("rocketmq_event_loop_stall_seconds",
                                             "Each time the event loop was blocked past loopStallWarnMs")
+            yield CounterMetricFamily("rocketmq_process_pauses", "Gaps past loopStallWarnMs in which the whole "
+                                      "process was paused (SIGSTOP, the host), not counted as loop stalls",
+                                      value=watchdog.pauses)
 
     def _traffic_families(self) -> Iterator[Metric]:
         t: TrafficStats | None = getattr(self.broker, "traffic", None)

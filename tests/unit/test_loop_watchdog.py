@@ -164,3 +164,68 @@ def test_records_committed_during_a_slow_flush_are_dispatched_at_once(tmp_path):
 
     took_s, still_syncing = asyncio.run(scenario())
     assert took_s < 0.5 and still_syncing, f"dispatched {took_s:.3f} s after its commit, behind the flush"
+
+
+_PAUSED_CHILD = r"""
+import asyncio, json, sys
+from node.loop_watchdog import LoopWatchdog
+
+async def main():
+    wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+    wd.start()
+    print("ready", flush=True)
+    await asyncio.sleep(2.0)           # the parent stops and continues this process meanwhile
+    wd.stop()
+    print(json.dumps(wd.status()), flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_paused_process_is_counted_as_a_pause_not_as_a_stall():
+    """SIGSTOP stops the loop and the watchdog's thread alike: when the process runs again the
+    loop sees a gap with nothing to blame. It was counted and warned of as a stall ("the
+    stack was not taken in time"), so the random-fault runs' SIGSTOPs filled the soak's
+    stall verdict. The thread, late too, and a gap without CPU now make it a pause."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    child = subprocess.Popen([sys.executable, "-c", _PAUSED_CHILD], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)
+        child.send_signal(signal.SIGSTOP)
+        time.sleep(0.6)
+        child.send_signal(signal.SIGCONT)
+        out, _ = child.communicate(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    status = json.loads(out.strip().splitlines()[-1])
+    assert status["pauses"] == 1 and status["paused_s_total"] >= 0.5, status
+    assert status["stalls"] == 0, status
+
+
+def test_a_call_holding_the_gil_is_a_stall_though_the_thread_could_not_run(caplog):
+    """A call that keeps the GIL (a regular expression backtracking here) stops the watchdog's
+    thread too, as a pause does; but the process spends the gap on the CPU: a stall."""
+    import re
+
+    async def scenario() -> LoopWatchdog:
+        wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
+        wd.start()
+        try:
+            await asyncio.sleep(0.05)
+            re.match(r"(a|aa)+c", "a" * 33)     # about 0.5 s of backtracking, the GIL held
+            await asyncio.sleep(0.05)
+        finally:
+            wd.stop()
+        return wd
+
+    with caplog.at_level(logging.WARNING, logger="node.loop_watchdog"):
+        wd = asyncio.run(scenario())
+    assert wd.stalls == 1 and wd.pauses == 0, wd.status()
+    assert "event loop blocked" in caplog.text
