@@ -176,8 +176,7 @@ class HALog:
         await self._stop_service()
         await self._stop_client()
         if self._epoch_io is not None:
-            await asyncio.get_running_loop().run_in_executor(self._epoch_io, _nothing)   # the writes asked land
-            self._epoch_io.shutdown(wait=False)
+            await asyncio.to_thread(self._epoch_io.shutdown)   # the writes asked land first
             self._epoch_io = None
         await self.local.stop()
         self._started = False
@@ -836,7 +835,3 @@ def ha_log_from_broker_config(config, fs: FileSystem, local_config: LocalLogConf
 def _peer_security(config):
     from node.peer_auth import peer_security_from_config
     return peer_security_from_config(config, (config.bind_address,))
-
-
-def _nothing() -> None:
-    """A no-op for the epoch file's thread: once it has run, every change asked before it has."""

@@ -49,7 +49,6 @@ class LoopWatchdog:
         assert 0 < beat_s < warn_s
         self.warn_s, self.beat_s = warn_s, beat_s
         self.histogram = LatencyHistogram(STALL_BUCKETS_S)      # count and total of the stalls
-        self.stalled_s_max = 0.0
         self._warnings = LogThrottle(warn_every_s)
         self._beat = time.monotonic()
         self._stack: list[str] | None = None     # taken by the thread during the current stall
@@ -83,6 +82,10 @@ class LoopWatchdog:
     def stalls(self) -> int:
         return self.histogram.count
 
+    @property
+    def stalled_s_max(self) -> float:
+        return self.histogram.max_s
+
     def status(self) -> dict:
         return {"stalls": self.stalls, "stalled_s_total": round(self.histogram.sum_s, 3),
                 "stalled_s_max": round(self.stalled_s_max, 3), "warn_s": self.warn_s,
@@ -107,7 +110,6 @@ class LoopWatchdog:
             self._handle = self._loop.call_later(self.beat_s, self._tick)
 
     def _record(self, stalled_s: float, stack: list[str] | None) -> None:
-        self.stalled_s_max = max(self.stalled_s_max, stalled_s)
         self.histogram.observe(stalled_s)
         held = self._warnings.due(time.monotonic())
         if held is not None:

@@ -61,7 +61,7 @@ class RemoteOffsetStore:
             doc = await self.transport.call(g, "POST", f"/groups/{self.group}/offsets",
                                             {"topic": mq.topic, "queue_id": mq.queue_id, "offset": off})
             self._persisted[mq] = off
-            self._note_status(mq, off, doc.get("status", "SEND_OK") if isinstance(doc, dict) else "SEND_OK")
+            self._note_status(mq, off, doc.get("status", "SEND_OK"))
             n += 1
         return n
 

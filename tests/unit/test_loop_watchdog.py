@@ -24,20 +24,25 @@ def _blocking_call_for_the_test(seconds: float) -> None:
     time.sleep(seconds)
 
 
-def test_a_blocked_loop_is_counted_and_logged_with_where_it_was(caplog):
+def _watched(caplog, warn_s: float, blocking_call) -> LoopWatchdog:
+    """A watchdog over a loop that runs `blocking_call()` between two short sleeps."""
     async def scenario() -> LoopWatchdog:
-        wd = LoopWatchdog(warn_s=0.25, beat_s=0.01)
+        wd = LoopWatchdog(warn_s=warn_s, beat_s=0.01)
         wd.start()
         try:
             await asyncio.sleep(0.05)
-            _blocking_call_for_the_test(0.6)
+            blocking_call()
             await asyncio.sleep(0.05)
         finally:
             wd.stop()
         return wd
 
     with caplog.at_level(logging.WARNING, logger="node.loop_watchdog"):
-        wd = asyncio.run(scenario())
+        return asyncio.run(scenario())
+
+
+def test_a_blocked_loop_is_counted_and_logged_with_where_it_was(caplog):
+    wd = _watched(caplog, 0.25, lambda: _blocking_call_for_the_test(0.6))
     assert wd.stalls >= 1 and wd.stalled_s_max >= 0.55       # (a busy machine may add a stall of its own)
     assert wd.histogram.count == wd.stalls
     assert "event loop blocked for" in caplog.text and "_blocking_call_for_the_test" in caplog.text
@@ -213,19 +218,6 @@ def test_a_call_holding_the_gil_is_a_stall_though_the_thread_could_not_run(caplo
     """A call that keeps the GIL (a regular expression backtracking here) stops the watchdog's
     thread too, as a pause does; but the process spends the gap on the CPU: a stall."""
     import re
-
-    async def scenario() -> LoopWatchdog:
-        wd = LoopWatchdog(warn_s=0.2, beat_s=0.01)
-        wd.start()
-        try:
-            await asyncio.sleep(0.05)
-            re.match(r"(a|aa)+c", "a" * 33)     # about 0.5 s of backtracking, the GIL held
-            await asyncio.sleep(0.05)
-        finally:
-            wd.stop()
-        return wd
-
-    with caplog.at_level(logging.WARNING, logger="node.loop_watchdog"):
-        wd = asyncio.run(scenario())
+    wd = _watched(caplog, 0.2, lambda: re.match(r"(a|aa)+c", "a" * 33))   # ~0.5 s of backtracking, the GIL held
     assert wd.stalls == 1 and wd.pauses == 0, wd.status()
     assert "event loop blocked" in caplog.text
