@@ -89,11 +89,12 @@ _CACHE: dict[type, tuple[Encoder, Decoder]] = {}
 
 
 def _dataclass_codec(cls: type) -> tuple[Encoder, Decoder]:
-    """(obj -> field array, field array -> obj) for a dataclass."""
+    """(obj -> field array, field array -> obj) for a dataclass: its constructor's fields (a
+    derived one, such as Entry.crc, is derived again on decode)."""
     if cls in _CACHE:
         return _CACHE[cls]
     hints = typing.get_type_hints(cls, vars(M))
-    names = tuple(f.name for f in dataclasses.fields(cls))
+    names = tuple(f.name for f in dataclasses.fields(cls) if f.init)
     codecs = [_field_codec(hints[n]) for n in names]
     if all(c is None for c in codecs):
         def enc(obj: Any) -> list:
@@ -143,9 +144,9 @@ assert APPEND_ENTRY.size == 17
 _ENTRY_TYPES = {int(t): t for t in M.EntryType}
 _new = object.__new__
 _consume = collections.deque      # _consume(iterator, 0) runs it to the end, keeping nothing
-_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY = (
-    M.Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body"))
-assert tuple(f.name for f in dataclasses.fields(M.Entry)) == ("index", "term", "type", "body")
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = (
+    M.Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body", "crc"))
+assert tuple(f.name for f in dataclasses.fields(M.Entry)) == ("index", "term", "type", "body", "crc")
 assert tuple(f.name for f in dataclasses.fields(M.Append)) == (
     "term", "leader_id", "prev_index", "prev_term", "entries", "commit_index")
 
@@ -172,11 +173,11 @@ def encode_append_entries(entries: tuple[M.Entry, ...]) -> bytes:
 
 
 def _encode_entries(entries: tuple[M.Entry, ...]) -> bytes:
-    pack, crc32 = APPEND_ENTRY.pack, _crc32
+    pack = APPEND_ENTRY.pack
     parts: list[bytes] = []
     for e in entries:
         body = e.body
-        parts.append(pack(e.term, e.type, len(body), crc32(body)))
+        parts.append(pack(e.term, e.type, len(body), e.crc))
         parts.append(body)
     return b"".join(parts)
 
@@ -194,7 +195,8 @@ def decode_append_entries(blob: Any, prev_index: int, prev_term: int = 1,
     bodies: list[bytes] = []
     terms: list[int] = []
     kinds: list[M.EntryType] = []
-    add_body, add_term, add_kind = bodies.append, terms.append, kinds.append
+    crcs: list[int] = []
+    add_body, add_term, add_kind, add_crc = bodies.append, terms.append, kinds.append, crcs.append
     index, at = prev_index, 0
     floor = prev_term if type(prev_term) is int else 1
     ceiling = max_term if type(max_term) is int else 1 << 64
@@ -219,20 +221,22 @@ def decode_append_entries(blob: Any, prev_index: int, prev_term: int = 1,
         add_body(body)
         add_term(term)
         add_kind(entry_type)
+        add_crc(crc)
         at = end
-    return tuple(_entries_of(prev_index + 1, terms, kinds, bodies))
+    return tuple(_entries_of(prev_index + 1, terms, kinds, bodies, crcs))
 
 
-def _entries_of(first: int, terms, kinds, bodies: list[bytes]) -> list[M.Entry]:
-    """Entry(first + k, terms[k], kinds[k], bodies[k]) for every k, fields already checked: the
-    objects made and their slots filled column by column at C speed (no per-entry
-    __init__/__post_init__, no per-entry Python call)."""
+def _entries_of(first: int, terms, kinds, bodies: list[bytes], crcs: list[int]) -> list[M.Entry]:
+    """Entry(first + k, terms[k], kinds[k], bodies[k]) for every k, fields already checked
+    (crcs[k] is bodies[k]'s CRC, checked): the objects made and their slots filled column by
+    column at C speed (no per-entry __init__/__post_init__, no per-entry Python call)."""
     n = len(bodies)
     out = list(map(_new, repeat(M.Entry, n)))
     _consume(map(_SET_INDEX, out, range(first, first + n)), 0)
     _consume(map(_SET_TERM, out, terms), 0)
     _consume(map(_SET_TYPE, out, kinds), 0)
     _consume(map(_SET_BODY, out, bodies), 0)
+    _consume(map(_SET_CRC, out, crcs), 0)
     return out
 
 

@@ -58,6 +58,7 @@ from dledger.messages import (
 )
 from dledger.quorum import VoteResult, commit_index, majority, vote_result
 from dledger.raft_storage import Compacted, NotCached, RaftLog, RaftStorage
+from node.store.crc import crc32 as _crc32
 
 __all__ = [
     "ConfigError",
@@ -255,7 +256,8 @@ _TRANSITIONS: dict[tuple[PeerState, PeerEvent], PeerState] = {
 # through one full Entry(), what the whole batch shares (index, term, type).
 _NEW = object.__new__
 _consume = deque      # _consume(iterator, 0) runs it to the end, keeping nothing
-_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY = (Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body"))
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = (
+    Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body", "crc"))
 
 
 def _new_entries(first: int, term: int, type: EntryType, bodies: Sequence[bytes]) -> list[Entry]:
@@ -273,6 +275,7 @@ def _new_entries(first: int, term: int, type: EntryType, bodies: Sequence[bytes]
     _consume(map(_SET_TERM, entries, repeat(term, n)), 0)
     _consume(map(_SET_TYPE, entries, repeat(type, n)), 0)
     _consume(map(_SET_BODY, entries, rest), 0)
+    _consume(map(_SET_CRC, entries, map(_crc32, rest)), 0)
     entries.insert(0, head)
     return entries
 
