@@ -63,7 +63,6 @@ _MAGIC_AT = L.MESSAGE_FIELD_OFFSET["magic"]
 _CHAIN_AT = L.ENTRY_FIELD_OFFSET["chain_crc"]
 _SCAN_CHUNK = 8 << 20            # bytes read per recovery step
 _CACHE_MAX_BYTES = 64 << 20      # recent entries kept in memory for the leader's pushes
-_BODY = operator.attrgetter("body")
 _INDEX_VERIFY_BATCH = 8192       # entries compared against the index file at a time
 _TYPES = {int(t): t for t in EntryType}
 _BODY = operator.attrgetter("body")
