@@ -144,8 +144,7 @@ assert APPEND_ENTRY.size == 17
 _ENTRY_TYPES = {int(t): t for t in M.EntryType}
 _new = object.__new__
 _consume = collections.deque      # _consume(iterator, 0) runs it to the end, keeping nothing
-_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = (
-    M.Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body", "crc"))
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = M.ENTRY_SLOT_SETTERS
 assert tuple(f.name for f in dataclasses.fields(M.Entry)) == ("index", "term", "type", "body", "crc")
 assert tuple(f.name for f in dataclasses.fields(M.Append)) == (
     "term", "leader_id", "prev_index", "prev_term", "entries", "commit_index")

@@ -37,6 +37,7 @@ from itertools import repeat
 from typing import Callable, Sequence
 
 from dledger.messages import (
+    ENTRY_SLOT_SETTERS,
     LEADER_MESSAGES,
     Append,
     AppendResponse,
@@ -256,8 +257,7 @@ _TRANSITIONS: dict[tuple[PeerState, PeerEvent], PeerState] = {
 # through one full Entry(), what the whole batch shares (index, term, type).
 _NEW = object.__new__
 _consume = deque      # _consume(iterator, 0) runs it to the end, keeping nothing
-_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = (
-    Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body", "crc"))
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = ENTRY_SLOT_SETTERS
 
 
 def _new_entries(first: int, term: int, type: EntryType, bodies: Sequence[bytes]) -> list[Entry]:

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from dledger import entry as E
-from dledger.messages import Entry, EntryType, HardState
+from dledger.messages import Entry, EntryType, HardState, entry_of_checked
 from dledger.raft_storage import Compacted, NotCached
 from dledger.repair import damaged_body
 from node.store import cold_reads
@@ -960,14 +960,14 @@ class EntryStore:
                     break
                 d = E.decode_entry(buf, pos + at, None, at)
                 assert d.index == i, (d.index, i)
-                out.append(Entry(d.index, d.term, _TYPES[d.magic], d.body))
+                out.append(entry_of_checked(d.index, d.term, _TYPES[d.magic], d.body, d.body_crc))
                 used, i, at = used + size, i + 1, at + size
             if at == -1:
                 continue
             if at == 0 and not out:  # first entry larger than the read: read it whole
                 _, size = E.peek_magic_size(buf, 0)
                 d = E.decode_entry(self.data.read(pos, size), pos)
-                out.append(Entry(d.index, d.term, _TYPES[d.magic], d.body))
+                out.append(entry_of_checked(d.index, d.term, _TYPES[d.magic], d.body, d.body_crc))
                 used, i, at = size, i + 1, size
             if at == 0 or used >= max_bytes:
                 break

@@ -105,6 +105,24 @@ class Entry:
         object.__setattr__(self, "crc", _crc32(self.body))
 
 
+# Entry's slot setters, (index, term, type, body, crc) in order: the fast paths that fill
+# checked entries without Entry() (here, the core's new entries, the codec's received ones).
+ENTRY_SLOT_SETTERS = tuple(Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body", "crc"))
+_SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = ENTRY_SLOT_SETTERS
+
+
+def entry_of_checked(index: int, term: int, type: EntryType, body: bytes, crc: int) -> Entry:
+    """`Entry(index, term, type, body)` for fields already checked, `crc` being the CRC32 of
+    `body` already computed and compared (a store's read checks it against the entry's header)."""
+    e = object.__new__(Entry)
+    _SET_INDEX(e, index)
+    _SET_TERM(e, term)
+    _SET_TYPE(e, type)
+    _SET_BODY(e, body)
+    _SET_CRC(e, crc)
+    return e
+
+
 @dataclass(frozen=True, slots=True)
 class HardState:
     """What must be durable before any message of the same Ready is sent.
