@@ -826,11 +826,17 @@ class EntryStore:
         return mismatch
 
     def _first_index_mismatch(self, first: int, last: int) -> int | None:
-        """First index whose index record disagrees with the data (None: all agree)."""
-        i, pos = first, self.meta.base_pos
+        """First index whose index record disagrees with the data (None: all agree). The index
+        file is read _INDEX_VERIFY_BATCH records at a time (a short read, at a file's end or
+        the index's, is read on from the next record: an absent record is a mismatch)."""
+        i, pos, pack = first, self.meta.base_pos, L.ENTRY_INDEX.pack
+        raw, raw_first = b"", first            # index records raw_first.. as read
         for rec in self._walk_records(pos, first, last):
-            raw = self.index.read(rec.index * INDEX_SIZE, INDEX_SIZE)
-            if raw != L.ENTRY_INDEX.pack(rec.magic, rec.pos, rec.size, rec.index, rec.term):
+            at = (rec.index - raw_first) * INDEX_SIZE
+            if at >= len(raw):
+                raw_first, at = rec.index, 0
+                raw = self.index.read(rec.index * INDEX_SIZE, min(_INDEX_VERIFY_BATCH, last + 1 - rec.index) * INDEX_SIZE)
+            if raw[at:at + INDEX_SIZE] != pack(rec.magic, rec.pos, rec.size, rec.index, rec.term):
                 return rec.index
             i = rec.index + 1
         assert i == last + 1

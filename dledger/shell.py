@@ -179,11 +179,14 @@ class RaftNode:
 
     # --- lifecycle ------------------------------------------------------------------------
     async def start(self) -> None:
-        """Recover the store, build the core, listen, start ticking."""
-        self.store.recover()
+        """Recover the store, build the core, listen, start ticking. The recovery (every entry
+        read and its CRCs checked) and the listener's replay of the committed log run on a
+        worker thread, seconds for a large log: nothing else uses the store or the listener
+        yet, and the event loop stays free."""
+        await asyncio.to_thread(self.store.recover)
         self.core = RaftCore(self.node_id, list(self.peers), self.store, self.rng, self.raft_config)
         if self.listener is not None:
-            self.listener.on_recovered(self)
+            await asyncio.to_thread(self.listener.on_recovered, self)
         self.transport = Transport(self.node_id, self.group, self.peers[self.node_id], self.peers,
                                    self._on_message, self.transport_config, self.rng,
                                    on_received=self._on_received)
