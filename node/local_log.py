@@ -120,8 +120,10 @@ class LocalLog:
         assert not self._started
         self.fs.makedirs(self.store_root)
         abnormal = abort.exists(self.fs, self.store_root)
-        self.commitlog.load()
-        self.recovery = recover(self.commitlog, self.checkpoint_committed_offset, abnormal)
+        # The files opened and the recovery's walk (records read, CRCs checked) on a worker
+        # thread: nothing else uses the commitlog yet, and the event loop stays free.
+        await asyncio.to_thread(self.commitlog.load)
+        self.recovery = await asyncio.to_thread(recover, self.commitlog, self.checkpoint_committed_offset, abnormal)
         # The first write of a start: on a disk full to the last block it takes the reserve's
         # room, and the writes after it (checkpoint, configs) have that room too.
         self.reserve.using(lambda: abort.create(self.fs, self.store_root), "the abort marker at start")

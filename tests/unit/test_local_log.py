@@ -322,3 +322,41 @@ def test_append_after_stop_raises(tmp_path):
         with pytest.raises(StoreFatal):
             await log.append([msg()])
     run(go())
+
+
+def test_regression_the_commitlog_recovers_off_the_event_loop(tmp_path, monkeypatch):
+    """A DLedger node's recovery on the event loop blocked it 240-480 ms at each restart; the
+    commitlog's recovery ran there too. It runs on a worker thread: held for 0.3 s, the loop
+    never stalls, and the log starts from what the recovery found."""
+    import node.local_log as local_log
+    real, threads = local_log.recover, []
+
+    def slow_recover(*args):
+        threads.append(threading.current_thread() is threading.main_thread())
+        time.sleep(0.3)
+        return real(*args)
+    monkeypatch.setattr(local_log, "recover", slow_recover)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        worst, stop = [0.0], asyncio.Event()
+
+        async def lag_probe() -> None:
+            while not stop.is_set():
+                t = loop.time()
+                await asyncio.sleep(0.005)
+                worst[0] = max(worst[0], loop.time() - t - 0.005)
+        probe = asyncio.create_task(lag_probe())
+        log = LocalLog(FileSystem(), str(tmp_path), cfg())
+        try:
+            await log.start()
+            (result,) = await log.append([msg(b"after recovery")])
+            assert result.status is PutStatus.SEND_OK
+        finally:
+            stop.set()
+            await probe
+            await log.stop()
+        return worst[0]
+    worst = run(scenario())
+    assert threads == [False]
+    assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during recovery"
