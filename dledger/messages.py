@@ -1,10 +1,10 @@
 """Raft messages and log records for DLedger mode.
 
 Every type here is a frozen, slotted dataclass that validates its own fields on
-construction and does nothing else: no IO, no encoding (the wire codec lives in
-the transport), no behaviour. A message that fails validation came from a
-broken or hostile peer, so validation raises `InvalidMessage` (an exception for
-the world), never `assert`.
+construction (an Entry also derives its body's CRC) and does nothing else: no IO,
+no encoding (the wire codec lives in the transport), no behaviour. A message that
+fails validation came from a broken or hostile peer, so validation raises
+`InvalidMessage` (an exception for the world), never `assert`.
 
 Naming follows DLedger where DLedger has a name: the leader *pushes* to each
 follower in three phases, COMPARE (find the match point), TRUNCATE (drop the
@@ -105,8 +105,9 @@ class Entry:
         object.__setattr__(self, "crc", _crc32(self.body))
 
 
-# Entry's slot setters, (index, term, type, body, crc) in order: the fast paths that fill
-# checked entries without Entry() (here, the core's new entries, the codec's received ones).
+# Entry's slot setters, (index, term, type, body, crc) in order, for the fast paths that fill
+# checked entries without Entry(): entry_of_checked below, the core's new entries (core.py)
+# and the codec's received ones (codec.py).
 ENTRY_SLOT_SETTERS = tuple(Entry.__dict__[n].__set__ for n in ("index", "term", "type", "body", "crc"))
 _SET_INDEX, _SET_TERM, _SET_TYPE, _SET_BODY, _SET_CRC = ENTRY_SLOT_SETTERS
 
