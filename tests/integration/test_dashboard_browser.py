@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import time
+import weakref
 
 import pytest
 
@@ -42,7 +44,12 @@ def open_browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1400,1600"):
         opts.add_argument(arg)
-    return webdriver.Chrome(service=Service(executable_path=driver), options=opts)
+    # Chromium's own temp files go to a directory of ours: its singleton-socket directory
+    # (/tmp/org.chromium.Chromium.*) outlives quit(), four of them left by every test run.
+    tmp = tempfile.mkdtemp(prefix="mqstore-chromium-")
+    drv = webdriver.Chrome(service=Service(executable_path=driver, env={**os.environ, "TMPDIR": tmp}), options=opts)
+    weakref.finalize(drv, shutil.rmtree, tmp, True)
+    return drv
 
 
 def wait_text(drv, css: str, pred, timeout_s: float = PAGE_TIMEOUT_S) -> str:
