@@ -344,7 +344,7 @@ class Broker:
         await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
         self._load_deletions()  # before dispatch: re-dispatch must not resurrect deleted topics
         try:
-            await _maybe_await(self.dispatcher.catch_up())
+            await self.dispatcher.catch_up_yielding()
         except OSError as e:
             # A start on a full disk (random-fault runs: an index file could not be created, the
             # node did not start). The node starts and the background dispatcher finishes once

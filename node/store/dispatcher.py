@@ -199,6 +199,21 @@ class Dispatcher:
         self.flush()
         return records
 
+    async def catch_up_yielding(self) -> int:
+        """`catch_up` for a node whose log already runs on the event loop (a DLedger node's Raft
+        starts before the broker catches up): the loop gets a turn after each batch, old bytes
+        are read by a cold-read worker, the flush's fsyncs run on a worker thread. A whole log to
+        re-dispatch (consume queues deleted for a rebuild) takes minutes, and Raft's heartbeats
+        must go on meanwhile. Stops early if the log's committed position falls below the
+        target (a reset), where `catch_up` would wait for it."""
+        target = self.log.committed_position
+        records = 0
+        while self.position < min(target, self.log.committed_position):
+            records += await self._dispatch_next()
+            await asyncio.sleep(0)
+        await self.flush_in_background()
+        return records
+
     # --- the loop -----------------------------------------------------------------------------
     def start(self) -> asyncio.Task:
         assert self._task is None, "dispatcher already started"

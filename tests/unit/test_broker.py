@@ -155,6 +155,9 @@ class MiniDispatcher:
                 self._dispatch(M.decode_record(rec.data))
             self.position = batch.next_position
 
+    async def catch_up_yielding(self):
+        self.catch_up()
+
     def _dispatch(self, msg):
         self.cq.find_or_create(msg.topic, msg.queue_id).put(msg.queue_offset, msg.physical_offset,
                                                             msg.total_size, M.tags_code(msg.tags))

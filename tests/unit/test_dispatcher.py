@@ -201,6 +201,35 @@ def test_catch_up_builds_the_consume_queues_the_log_implies(tmp_path):
     assert s.cp.committed_offset == log.end                  # catch_up flushed and checkpointed
 
 
+def test_catch_up_yielding_lets_the_event_loop_run_between_batches(tmp_path):
+    """A DLedger node's Raft runs before its broker catches up the consume queues; the catch-up
+    ran in one synchronous call (a whole log to re-dispatch: minutes without heartbeats). The
+    yielding catch-up gives the loop a turn after each batch and builds the same queues,
+    flushed and checkpointed."""
+    log = FakeLog()
+    fill(log, 40)
+    s = Store(log, tmp_path, batch_bytes=700)
+    s.recover(log)
+
+    async def go():
+        turns, done = [], asyncio.Event()
+
+        async def other_work():
+            while not done.is_set():
+                turns.append(s.d.position)
+                await asyncio.sleep(0)
+        task = asyncio.create_task(other_work())
+        n = await s.d.catch_up_yielding()
+        done.set()
+        await task
+        return n, turns
+    n, turns = asyncio.run(go())
+    assert n == 40 and s.d.position == log.end
+    assert len({p for p in turns if 0 < p < log.end}) >= 5     # the loop ran between batches
+    assert cq_contents(s) == expected_cqs(log)
+    assert s.cp.committed_offset == log.end
+
+
 def test_checkpoint_is_saved_only_after_cqs_and_index_are_flushed(tmp_path):
     log = FakeLog()
     fill(log, 10)
