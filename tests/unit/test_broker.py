@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
-import os
 
 import pytest
 
