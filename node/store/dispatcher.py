@@ -204,8 +204,8 @@ class Dispatcher:
         starts before the broker catches up): the loop gets a turn after each batch, old bytes
         are read by a cold-read worker, the flush's fsyncs run on a worker thread. A whole log to
         re-dispatch (consume queues deleted for a rebuild) takes minutes, and Raft's heartbeats
-        must go on meanwhile. Stops early if the log's committed position falls below the
-        target (a reset), where `catch_up` would wait for it."""
+        must go on meanwhile. It also stops if the log's committed position falls below the
+        target meanwhile (a reset)."""
         target = self.log.committed_position
         records = 0
         while self.position < min(target, self.log.committed_position):
