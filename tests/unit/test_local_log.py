@@ -23,6 +23,7 @@ from node.store.errors import DiskFull, StoreFatal
 from node.store.fileio import FaultyFileSystem, FileSystem
 from node.store.message import MessageDraft, decode_record
 from node.store.retention import RetentionPolicy
+from tests.loop_lag import LoopLag
 
 SEG = 64 * 1024
 
@@ -338,25 +339,15 @@ def test_regression_the_commitlog_recovers_off_the_event_loop(tmp_path, monkeypa
     monkeypatch.setattr(local_log, "recover", slow_recover)
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-        worst, stop = [0.0], asyncio.Event()
-
-        async def lag_probe() -> None:
-            while not stop.is_set():
-                t = loop.time()
-                await asyncio.sleep(0.005)
-                worst[0] = max(worst[0], loop.time() - t - 0.005)
-        probe = asyncio.create_task(lag_probe())
         log = LocalLog(FileSystem(), str(tmp_path), cfg())
         try:
-            await log.start()
-            (result,) = await log.append([msg(b"after recovery")])
-            assert result.status is PutStatus.SEND_OK
+            async with LoopLag() as lag:
+                await log.start()
+                (result,) = await log.append([msg(b"after recovery")])
+                assert result.status is PutStatus.SEND_OK
         finally:
-            stop.set()
-            await probe
             await log.stop()
-        return worst[0]
+        return lag.worst_s
     worst = run(scenario())
     assert threads == [False]
     assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during recovery"

@@ -19,6 +19,7 @@ from dledger.shell import RaftNode, ShellConfig
 from mqstore.localcluster import free_port
 from node.store.errors import StoreFatal
 from node.store.fileio import FileSystem
+from tests.loop_lag import LoopLag
 
 
 async def _until(cond, tries: int = 300) -> None:
@@ -333,20 +334,11 @@ def test_regression_an_election_writes_term_and_vote_off_the_event_loop(tmp_path
             real(dest, msg)
         node.transport.send = send
 
-    async def lag_probe(worst: list[float]) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(0.005)
-            worst[0] = max(worst[0], loop.time() - t - 0.005)
-
     async def scenario():
         nodes = {n: make(n) for n in peers}
         for node in nodes.values():
             await node.start()
             checked_send(node)
-        worst = [0.0]
-        probe = None
         try:
             await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
                                      for x in nodes.values()), tries=1000)
@@ -354,19 +346,17 @@ def test_regression_an_election_writes_term_and_vote_off_the_event_loop(tmp_path
             rest = [x for x in nodes.values() if x is not old]
             for x in rest:
                 fs[x.node_id].armed = True
-            probe = asyncio.create_task(lag_probe(worst))
-            await old.stop()
-            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index > x.core.first_index
-                                     for x in rest), tries=1000)
-            new = next((x for x in rest if x.core.role.name == "LEADER"), None)
-            assert new is not None, "no new leader"
-            first, last = new.propose([b"after"])
-            await _until(lambda: all(x.core.commit_index >= last for x in rest))
-            assert all(x.core.commit_index >= last for x in rest)
-            return [x.status() for x in rest], worst[0]
+            async with LoopLag() as lag:
+                await old.stop()
+                await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index > x.core.first_index
+                                         for x in rest), tries=1000)
+                new = next((x for x in rest if x.core.role.name == "LEADER"), None)
+                assert new is not None, "no new leader"
+                first, last = new.propose([b"after"])
+                await _until(lambda: all(x.core.commit_index >= last for x in rest))
+                assert all(x.core.commit_index >= last for x in rest)
+            return [x.status() for x in rest], lag.worst_s
         finally:
-            if probe is not None:
-                probe.cancel()
             for node in nodes.values():
                 if node._running:
                     await node.stop()
@@ -407,23 +397,13 @@ def test_regression_a_node_recovers_its_entry_store_off_the_event_loop(tmp_path)
     node.listener = SlowReplay([])
 
     async def scenario():
-        loop = asyncio.get_running_loop()
-        worst, stop = [0.0], asyncio.Event()
-
-        async def lag_probe() -> None:
-            while not stop.is_set():
-                t = loop.time()
-                await asyncio.sleep(0.005)
-                worst[0] = max(worst[0], loop.time() - t - 0.005)
-        probe = asyncio.create_task(lag_probe())
         try:
-            await node.start()
-            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= 1)
+            async with LoopLag() as lag:
+                await node.start()
+                await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= 1)
         finally:
-            stop.set()
-            await probe
             await node.stop()
-        return worst[0]
+        return lag.worst_s
     worst = asyncio.run(scenario())
     assert threads == [False, False]      # the recovery, then the replay: neither on the loop
     assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during recovery"
