@@ -42,6 +42,14 @@ core gets no input and proposals are refused with NotLeader (there is no leader 
 new term yet), but the loop serves everything else meanwhile (pulls, the API, the
 transport filling the inbox). When the write lands the Ready completes as if just taken.
 
+The node's clock (its ticks) stands still while that write is under way, and for as long
+again once it has landed. A node that cannot act must not time out for it (etcd's ticker
+drops ticks while its Ready loop waits on the disk the same way). The pause after the write
+covers the votes: a candidate whose own write took W expects its voters' writes (the same
+kind of disk, often the same contention) to take about W too. Counting that time instead
+made every candidate time out before any vote could come back once the writes took longer
+than an election timeout: the terms climbed and no leader was elected.
+
 A full disk: when a Ready's entries or hard state meet ENOSPC (EntryStore raises DiskFull
 and leaves the store as it was), the node holds that Ready and retries it on every tick,
 feeding the core nothing and sending nothing meanwhile (proposals are refused with
@@ -76,6 +84,7 @@ ASYNC_FLUSH = "ASYNC_FLUSH"
 REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refused appends
 MAX_FILLS = 2                   # pushes' old entries being read by workers at once (node/store/cold_reads.py)
 ROUND_SEND_BYTES = 1 << 20       # a round ends once it has queued this much (it then wakes the next)
+SLOW_WRITE_PAUSE_MAX_S = 10.0   # the longest the clock stands still after a slow term-and-vote write
 
 
 class _Stalled(Exception):
@@ -167,6 +176,7 @@ class RaftNode:
         self._inbox: collections.deque[tuple[str, object]] = collections.deque()
         self._wake = asyncio.Event()
         self._ticks_due = 0
+        self._clock_paused_until = 0.0               # monotonic; see the module docstring
         self._tasks: list[asyncio.Task] = []
         self._running = False
         self._last_checkpoint = 0.0
@@ -460,7 +470,9 @@ class RaftNode:
             return
         else:
             self._held_written = True
-        us = int((time.perf_counter() - t0) * 1e6)
+        took = time.perf_counter() - t0
+        self._clock_paused_until = time.monotonic() + min(took, SLOW_WRITE_PAUSE_MAX_S)
+        us = int(took * 1e6)
         self.metrics["hard_state_writes"] += 1
         self.metrics["hard_state_write_us_max"] = max(self.metrics["hard_state_write_us_max"], us)
         self._wake.set()
@@ -502,6 +514,9 @@ class RaftNode:
         while self._running:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             next_at += period
+            if self._held is not None or time.monotonic() < self._clock_paused_until:
+                self.metrics["ticks_paused"] += 1
+                continue        # a term and vote being written, or just written slowly
             self._ticks_due += 1
             self._wake.set()
 
@@ -581,6 +596,7 @@ class RaftNode:
             "checkpoints": self.metrics["checkpoints"], "checkpoint_ms_max": self.metrics["checkpoint_us_max"] / 1000,
             "term_vote_writes": self.metrics["hard_state_writes"],
             "term_vote_write_ms_max": self.metrics["hard_state_write_us_max"] / 1000,
+            "ticks_paused": self.metrics["ticks_paused"],
         }
         if core.role is Role.LEADER:
             out["peers"] = {p: {"match_index": core.match_index(p),

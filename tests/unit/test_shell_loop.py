@@ -368,6 +368,51 @@ def test_regression_an_election_writes_term_and_vote_off_the_event_loop(tmp_path
     assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during the election"
 
 
+def test_regression_a_group_elects_a_leader_when_term_and_vote_writes_outlast_the_election_timeout(tmp_path):
+    """Term-and-vote writes of 1.5 s (as seen on a contended disk) against the default
+    timers (50 ms ticks, an election timeout of 0.3-0.6 s): every candidate timed out before
+    a vote could come back, the terms climbed (term 12 after 30 s) and no leader was elected.
+    The clock now stands still during such a write and for as long again after it, so the
+    two nodes left after the leader stops elect one within a few write times, in one or two
+    new terms."""
+    import time
+    peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
+    fs = {n: SlowTermVoteFileSystem(hold_s=1.5) for n in peers}
+
+    def make(n: str) -> RaftNode:
+        store = EntryStore(fs[n], str(tmp_path / n), n, data_segment_size=1 << 16, index_segment_size=32 * 64)
+        return RaftNode(n, "g", peers, store, RaftConfig(), ShellConfig(), rng=random.Random(n))
+
+    async def scenario():
+        nodes = {n: make(n) for n in peers}
+        for node in nodes.values():
+            await node.start()
+        try:
+            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
+                                     for x in nodes.values()), tries=1000)
+            old = next(x for x in nodes.values() if x.core.role.name == "LEADER")
+            old_term = old.core.term
+            rest = [x for x in nodes.values() if x is not old]
+            for x in rest:
+                fs[x.node_id].armed = True
+            await old.stop()
+            t0 = time.monotonic()
+            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index > x.core.first_index
+                                     for x in rest), tries=1500)
+            took = time.monotonic() - t0
+            new = next((x for x in rest if x.core.role.name == "LEADER"), None)
+            return old_term, new and new.core.term, took, [x.status()["ticks_paused"] for x in rest]
+        finally:
+            for node in nodes.values():
+                if node._running:
+                    await node.stop()
+
+    old_term, new_term, took, paused = asyncio.run(scenario())
+    assert new_term is not None, f"no leader {took:.1f} s after the old one stopped"
+    assert new_term <= old_term + 2, f"terms climbed from {old_term} to {new_term}"
+    assert all(p > 0 for p in paused), paused
+
+
 def test_regression_a_node_recovers_its_entry_store_off_the_event_loop(tmp_path):
     """Random-fault runs saw the event loop blocked for 240-480 ms at each node restart: the
     entry store's recovery (every entry read and its CRCs checked) ran on the loop, and so did
