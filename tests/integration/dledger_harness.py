@@ -42,6 +42,7 @@ from mqstore.cluster import plan
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
 from node.store import layout as L
+from tests.integration.slowsync import SlowSync
 from tests.integration.small_disk import SmallDisk
 from tests.integration.wallclock import WallClock
 
@@ -91,11 +92,13 @@ class DLedgerCluster:
     """Three DLedger nodes whose Raft links all pass through a fault proxy."""
 
     def __init__(self, root: str, ids: tuple[str, ...] = ("n0", "n1", "n2"), extra_conf: tuple[str, ...] = (),
-                 disk_mib: int | None = None, wall_clock: bool = False):
+                 disk_mib: int | None = None, wall_clock: bool = False, slow_sync: bool = False):
         self.root = root
         self.ids = ids
         # With `wall_clock`, each node's CLOCK_REALTIME can be stepped (tests/integration/wallclock.py).
         self.clock = WallClock(os.path.join(root, "wallclock")) if wall_clock else None
+        # With `slow_sync`, each node's fsyncs can be made to wait (tests/integration/slowsync.py).
+        self.syncs = SlowSync(os.path.join(root, "slowsync")) if slow_sync else None
         self.hub = ProxyHub()
         ports = free_ports(3 * len(ids))
         api = dict(zip(ids, ports[:len(ids)]))
@@ -123,6 +126,8 @@ class DLedgerCluster:
                                              s.store_dir, s.log_path)
             if self.clock is not None:
                 self.clock.attach(s.node_id, self.nodes[s.node_id])
+            if self.syncs is not None:
+                self.syncs.attach(s.node_id, self.nodes[s.node_id])
         # With `disk_mib`, each store is a file system of its own that a test can fill (small_disk).
         self.disks: dict[str, SmallDisk] = {}
         try:

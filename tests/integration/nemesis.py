@@ -17,6 +17,8 @@ rest between steps. Faults:
               also killed -9 and started again on the full disk
     clock_step the node's wall clock stepped by a minute to two days, either way, and stepped
               back when the step ends (tests/integration/wallclock.py: CLOCK_REALTIME only)
+    slow_sync every fsync of the node waits 200-1,500 ms first (a contended disk), until the
+              step ends (tests/integration/slowsync.py: writes and reads keep their speed)
     kill_all  kill -9 of every node at once, then all started again (rare)
 
 Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
@@ -51,11 +53,11 @@ from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
 from node.loop_watchdog import stalls_in_logs
-from tests.integration import small_disk, wallclock
+from tests.integration import slowsync, small_disk, wallclock
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, verify_stores
 
-KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step")
-KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1)
+KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "slow_sync")
+KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1, 1)
 DISK_MIB = 160             # each node's store file system, when disk faults run (tmpfs: memory)
 KILL_ALL_P = 0.05          # share of steps that kill every node at once
 TWO_FAULTS_P = 0.25        # share of steps with two faults on different nodes
@@ -64,6 +66,7 @@ HOLD_S = (0.3, 3.0)        # a fault lasts this long (uniform)
 REST_S = (0.3, 1.5)        # quiet time after a step
 DELAYS_MS = (50, 200, 600)
 CLOCK_STEPS_S = (-172_800, -7_200, -60, 60, 7_200, 86_400)
+SYNC_DELAYS_MS = (200, 800, 1500)
 LIVENESS_S = 30.0          # after the last step: the first ack within this
 RESTART_ON_FULL_DISK_S = 30.0   # a node restarted on a full disk answers /health within this
 MONITOR_PERIOD_S = 0.1
@@ -117,13 +120,16 @@ def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tup
         return Fault(kind, target, rng.choice(("", "restart")))
     if kind.startswith("clock_step"):
         return Fault(kind, target, str(rng.choice(CLOCK_STEPS_S)))
+    if kind == "slow_sync":
+        return Fault(kind, target, str(rng.choice(SYNC_DELAYS_MS)))
     return Fault(kind, target)
 
 
 def available_kinds(kinds: tuple[str, ...] = KINDS, weights: tuple[int, ...] = KIND_WEIGHTS
                     ) -> tuple[tuple[str, ...], tuple[int, ...], dict[str, str]]:
     """The kinds and weights to draw from here, and why any were left out: disk_full where no
-    small disk can be mounted (not root), clock steps where the shim cannot be built."""
+    small disk can be mounted (not root), clock steps and slow syncs where their shim cannot
+    be built."""
     off: dict[str, str] = {}
     why = small_disk.unavailable()
     if why is not None:
@@ -131,13 +137,17 @@ def available_kinds(kinds: tuple[str, ...] = KINDS, weights: tuple[int, ...] = K
     why = wallclock.unavailable()
     if why is not None:
         off["clock"] = why
+    why = slowsync.unavailable() if "slow_sync" in kinds else None
+    if why is not None:
+        off["sync"] = why
     keep = [i for i, k in enumerate(kinds)
-            if not ("disk" in off and k == "disk_full") and not ("clock" in off and k.startswith("clock_step"))]
+            if not ("disk" in off and k == "disk_full") and not ("clock" in off and k.startswith("clock_step"))
+            and not ("sync" in off and k == "slow_sync")]
     return tuple(kinds[i] for i in keep), tuple(weights[i] for i in keep), off
 
 
-def fault_figures(off: dict[str, str]) -> dict[str, str]:
-    return {f"{what}_faults": f"off: {off[what]}" if what in off else "on" for what in ("disk", "clock")}
+def fault_figures(off: dict[str, str], whats: tuple[str, ...] = ("disk", "clock")) -> dict[str, str]:
+    return {f"{what}_faults": f"off: {off[what]}" if what in off else "on" for what in whats}
 
 
 class ClaimMonitor(Poller):
@@ -265,6 +275,11 @@ class Nemesis:
             return up_then_free
         elif f.kind == "clock_step":
             return self._step_clock(node, int(f.mode), what)
+        elif f.kind == "slow_sync":
+            syncs = c.syncs
+            syncs.set(node, int(f.mode))
+            self.applied.append(f"{what} {f.mode} ms")
+            return lambda: syncs.set(node, 0)
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return lambda: c.hub.heal("*")
@@ -285,6 +300,9 @@ class Nemesis:
         self.cluster.heal()
         if self.cluster.clock is not None:
             self.cluster.clock.reset()
+        syncs = getattr(self.cluster, "syncs", None)      # DLedger groups only (classic: ha_nemesis.py)
+        if syncs is not None:
+            syncs.reset()
         for disk in self.cluster.disks.values():
             disk.free()
         for n in self.cluster.nodes.values():
@@ -303,7 +321,8 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     cluster = workload = monitor = nemesis = offsets = None
     failed = True
     try:
-        cluster = started_cluster(root, nodes, None if "disk" in off else DISK_MIB, "clock" not in off)
+        cluster = started_cluster(root, nodes, None if "disk" in off else DISK_MIB, "clock" not in off,
+                                  "sync" not in off)
         workload = Workload(cluster, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
         workload.create_topic()
         workload.start()
@@ -343,17 +362,18 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         if cluster is not None:
             cluster.close(keep_stores=failed)
     figures.update(run_figures(seed, nemesis, liveness_s, attempts), nodes=nodes, leader_terms_seen=len(monitor.claims),
-                   **fault_figures(off))
+                   **fault_figures(off, ("disk", "clock", "sync")))
     return figures
 
 
-def started_cluster(root: str, nodes: int, disk_mib: int | None, wall_clock: bool = False) -> DLedgerCluster:
+def started_cluster(root: str, nodes: int, disk_mib: int | None, wall_clock: bool = False,
+                    slow_sync: bool = False) -> DLedgerCluster:
     """A started group on fresh ports. Ports are probed free and then bound by the nodes, and
     any process may take one in between (an outgoing connection's ephemeral port): a start
     that fails on "address already in use" is tried again on new ports, START_ATTEMPTS times."""
     for attempt in range(START_ATTEMPTS):
         cluster = DLedgerCluster(os.path.join(root, f"cluster{attempt or ''}"), ids=tuple(f"n{i}" for i in range(nodes)),
-                                 disk_mib=disk_mib, wall_clock=wall_clock)
+                                 disk_mib=disk_mib, wall_clock=wall_clock, slow_sync=slow_sync)
         try:
             cluster.start()
             return cluster

@@ -63,7 +63,8 @@ def assert_no_ack_from(workload: Workload, node_id: str, fault_at: float, heal_a
     assert not bad, f"{node_id} acked {len(bad)} writes while cut off, e.g. {bad[:3]}"
 
 
-def finish(cluster: DLedgerCluster, workload: Workload, name: str, fault_at: float, extra: dict | None = None):
+def finish(cluster: DLedgerCluster, workload: Workload, name: str, fault_at: float, extra: dict | None = None,
+           failover_bound_s: float = FAILOVER_BOUND_S):
     """Stop the workload, wait for agreement, stop every process cleanly, check the stores."""
     failover = workload.failover_s(fault_at)
     workload.stop()
@@ -72,7 +73,7 @@ def finish(cluster: DLedgerCluster, workload: Workload, name: str, fault_at: flo
     assert all(c == 0 for c in codes.values()), codes
     attempts = workload.snapshot()
     figures = verify_stores(cluster, attempts, workload.topic)
-    assert failover is not None and failover < FAILOVER_BOUND_S, (failover, workload.summary())
+    assert failover is not None and failover < failover_bound_s, (failover, workload.summary())
     figures.update({"failover_s": round(failover, 3), "attempts": len(attempts)}, **(extra or {}))
     record(name, figures)
     return figures

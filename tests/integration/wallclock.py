@@ -12,41 +12,22 @@ NTP step. Needs a C compiler (`cc`); without one `WallClock` raises with that re
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 
-SHIM_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wallclock_shim.c")
-_built: dict[str, str] = {}     # source mtime -> built library, per interpreter
+from tests.integration import shims
+
+SHIM = "wallclock_shim.c"
 
 
 def build_shim() -> str:
     """The shared library, compiled into a temp dir on first use."""
-    key = str(os.stat(SHIM_SOURCE).st_mtime_ns)
-    if key in _built and os.path.exists(_built[key]):
-        return _built[key]
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("the wall-clock shim needs a C compiler (cc): apt-get install gcc")
-    where = tempfile.mkdtemp(prefix="mqstore-wallclock-")
-    atexit.register(shutil.rmtree, where, True)   # a process already running keeps its mapping
-    out = os.path.join(where, "wallclock.so")
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", out, SHIM_SOURCE, "-ldl"], check=True,
-                   capture_output=True, timeout=60)
-    _built[key] = out
-    return out
+    return shims.build(SHIM)
 
 
 def unavailable() -> str | None:
     """Why steps cannot be made here (no C compiler, the shim does not build), or None."""
-    try:
-        build_shim()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
-        return str(e)
-    return None
+    return shims.unavailable(SHIM)
 
 
 class WallClock:
@@ -67,13 +48,11 @@ class WallClock:
 
     def attach(self, name: str, proc) -> None:
         """Run `proc` (an mqstore.localcluster.Proc not started yet) under the shim as `name`."""
-        proc.env = {**(proc.env or {}), **self.env(name)}
+        env = self.env(name)
+        proc.env = {**shims.preload(proc.env, env.pop("LD_PRELOAD")), **env}
 
     def set(self, name: str, offset_s: float) -> None:
-        tmp = self._path(name) + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{int(offset_s * 1e9)}\n")
-        os.replace(tmp, self._path(name))
+        shims.write_setting(self._path(name), int(offset_s * 1e9))
         self.offsets[name] = offset_s
 
     def reset(self) -> None:

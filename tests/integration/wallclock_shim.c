@@ -5,30 +5,19 @@
  * read again at most every 20 ms of monotonic time; the monotonic and boot clocks are left
  * alone, as a real step leaves them. A missing or unreadable file means no shift.
  *
- * Built by tests/integration/wallclock.py: cc -shared -fPIC -O2 -o wallclock.so wallclock_shim.c -ldl
+ * Built by tests/integration/shims.py: cc -shared -fPIC -O2 -o wallclock_shim.so wallclock_shim.c -ldl
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
-#include <fcntl.h>
-#include <stdatomic.h>
-#include <stdlib.h>
 #include <sys/time.h>
 #include <time.h>
-#include <unistd.h>
 
-#define REREAD_NS 20000000LL
+#include "shim_setting.h"
 
 typedef int (*clock_gettime_fn)(clockid_t, struct timespec *);
 
 static clock_gettime_fn real_clock_gettime;
-static _Atomic long long offset_ns;
-static _Atomic long long next_read_ns = -1;
-
-static long long mono_ns(void) {
-    struct timespec ts;
-    real_clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
+static struct shim_setting offset = {"MQSTORE_WALLCLOCK_FILE", 0, -1};
 
 static void init(void) {
     if (!real_clock_gettime)
@@ -36,26 +25,9 @@ static void init(void) {
 }
 
 static long long current_offset(void) {
-    long long now = mono_ns();
-    if (now < atomic_load(&next_read_ns))
-        return atomic_load(&offset_ns);
-    atomic_store(&next_read_ns, now + REREAD_NS);
-    const char *path = getenv("MQSTORE_WALLCLOCK_FILE");
-    long long value = 0;
-    if (path) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            char buf[32];
-            ssize_t n = read(fd, buf, sizeof buf - 1);
-            close(fd);
-            if (n > 0) {
-                buf[n] = 0;
-                value = strtoll(buf, NULL, 10);
-            }
-        }
-    }
-    atomic_store(&offset_ns, value);
-    return value;
+    struct timespec ts;
+    real_clock_gettime(CLOCK_MONOTONIC, &ts);
+    return shim_setting_get(&offset, (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
 }
 
 static void shift(struct timespec *ts) {
