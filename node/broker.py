@@ -340,11 +340,8 @@ class Broker:
         self._waiters.bind(asyncio.get_running_loop())
         await self.log.start()
         self._load_snapshots()  # before dispatch: records dispatched now apply on top of it
-        # The dispatcher recovers the consume queues itself (cut past the log end, drop expired),
-        # on a worker thread: a file read per queue and the index files' check, long with many
-        # queues, while a DLedger node's Raft already runs on this loop. Nothing else uses the
-        # queues or the index before the catch-up below.
-        await _maybe_await(await asyncio.to_thread(self.dispatcher.startup_recover, self.log.committed_position))
+        # The dispatcher recovers the consume queues itself (cut past the log end, drop expired).
+        await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
         self._load_deletions()  # before dispatch: re-dispatch must not resurrect deleted topics
         try:
             await self.dispatcher.catch_up_yielding()

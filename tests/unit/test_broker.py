@@ -246,40 +246,6 @@ def test_topic_create_list_status(tmp_path):
     run(go())
 
 
-def test_regression_the_consume_queues_recover_off_the_event_loop(tmp_path):
-    """The consume queues' start-up recovery (a file read per queue, the index files checked)
-    ran on the event loop, where a DLedger node's Raft already runs. It runs on a worker
-    thread: held for 0.3 s, the loop never stalls, and the broker starts from its result."""
-    import threading
-    import time
-
-    from tests.loop_lag import LoopLag
-    h = make_broker(str(tmp_path))
-    real, threads = h.broker.dispatcher.startup_recover, []
-
-    def slow(end):
-        threads.append(threading.current_thread() is threading.main_thread())
-        time.sleep(0.3)
-        return real(end)
-    h.broker.dispatcher.startup_recover = slow
-
-    async def go():
-        async with LoopLag() as lag:
-            await h.broker.start()
-        try:
-            await h.broker.create_topic("T", 1)
-            (r,) = await h.broker.send("T", [msg(b"after recovery", queue_id=0)])
-            await h.settle()
-            assert r.queue_offset == 0
-            assert h.broker.topic_status("T")[0]["max_offset"] == 1
-        finally:
-            await h.broker.stop()
-        return lag.worst_s
-    worst = run(go())
-    assert threads == [False]
-    assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during the queues' recovery"
-
-
 def test_send_round_robin_batch_and_results(tmp_path):
     async def go():
         h = make_broker(str(tmp_path))
