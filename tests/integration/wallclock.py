@@ -20,11 +20,6 @@ from tests.integration import shims
 SHIM = "wallclock_shim.c"
 
 
-def build_shim() -> str:
-    """The shared library, compiled into a temp dir on first use."""
-    return shims.build(SHIM)
-
-
 def unavailable() -> str | None:
     """Why steps cannot be made here (no C compiler, the shim does not build), or None."""
     return shims.unavailable(SHIM)
@@ -34,7 +29,7 @@ class WallClock:
     def __init__(self, directory: str):
         self.directory = directory
         os.makedirs(directory, exist_ok=True)
-        self.library = build_shim()
+        self.library = shims.build(SHIM)
         self.offsets: dict[str, float] = {}
 
     def _path(self, name: str) -> str:
