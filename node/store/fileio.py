@@ -97,31 +97,48 @@ class OsFile:
 class DeferredDirSync:
     """The names of files created in one directory, made durable by the owner's next flush
     instead of at creation: an fsync of the directory on an append path blocked the event
-    loop for up to 680 ms behind another writer. At most one name waits (a second new file
-    fsyncs the directory at once), so a crash can lose only the newest file, never one
-    between two others. `sync()` may run on a flush thread."""
+    loop for up to 680 ms behind another writer, and for as long as a slow disk takes.
 
-    def __init__(self, fs: "FileSystem", directory: str):
+    A flush syncs the waiting names before it fsyncs any data (call `sync()` first), so a
+    file whose name a crash lost never held a flushed byte, and neither did any file created
+    after it. Any number of names may wait once the directory holds a durable name before
+    them: a crash then loses some of the newest files, possibly one between two others, and
+    the owner's load sets aside what follows such a gap (`SegmentedFile.load`). In a
+    directory with no durable name (a new one, or one just opened, whose names the first
+    flush makes durable) one name waits and a second new file fsyncs the directory at once:
+    a crash could otherwise keep a later file with no earlier one to show the gap, and the
+    later file would be taken for the start. `sync()` may run on a flush thread."""
+
+    def __init__(self, fs: "FileSystem", directory: str, existing: bool = False):
         self.fs, self.directory = fs, directory
-        self._pending = False
+        self._pending = 1 if existing else 0   # names not known durable (opened ones count as one)
+        self._anchored = False                 # a durable name precedes every waiting one
         self._lock = threading.Lock()
 
     def created(self, defer: bool = True) -> None:
         """A file was just created here; call it before the file counts toward what a flush
         claims durable. `defer=False`: its name is made durable now."""
         with self._lock:
-            if defer and not self._pending:
-                self._pending = True
+            if defer and (self._anchored or not self._pending):
+                self._pending += 1
                 return
-            self._pending = False
-            self.fs.fsync_dir(self.directory)
+            self._fsync(anchored=True)
 
     def sync(self) -> None:
-        """Before a flush claims bytes durable: the waiting name, if any."""
+        """Before a flush claims bytes durable: the waiting names, if any."""
         with self._lock:
             if self._pending:
-                self._pending = False
-                self.fs.fsync_dir(self.directory)
+                self._fsync(anchored=True)
+
+    def sync_now(self, files_remain: bool) -> None:
+        """The owner removed files (or changed names otherwise): fsync the directory now;
+        `files_remain` says whether it still holds a file of the owner's."""
+        with self._lock:
+            self._fsync(anchored=files_remain)
+
+    def _fsync(self, anchored: bool) -> None:
+        self.fs.fsync_dir(self.directory)
+        self._pending, self._anchored = 0, anchored
 
 
 class FileSystem:
@@ -360,7 +377,8 @@ class FaultyFileSystem(FileSystem):
     `short_write_bytes` makes the next write longer than that store only that many bytes
     and raise ShortWrite (ENOSPC). `mtimes` overrides FileSystem.mtime per path.
     A file created since its directory's last fsync_dir is gone after crash(), as its
-    directory entry would be (a rename counts as durable at once).
+    directory entry would be, or with crash(new_names="random") each such file survives or
+    not (a rename counts as durable at once).
     """
 
     def __init__(self, seed: int = 0):
@@ -418,12 +436,17 @@ class FaultyFileSystem(FileSystem):
             raise OSError(errno.ENOSPC, f"injected ENOSPC writing {path}")
         self.write_budget_bytes -= n
 
-    def crash(self, torn: bool = False) -> dict[str, int]:
-        """Lose unsynced writes, and files whose directory entry was never fsynced. Returns
-        bytes reverted per file."""
+    def crash(self, torn: bool = False, new_names: str = "lost") -> dict[str, int]:
+        """Lose unsynced writes, and files whose directory entry was never fsynced: all of them
+        (`new_names="lost"`), or each one or not, at random (`"random"`: POSIX promises no
+        order among names a directory fsync has not covered). Returns bytes reverted per file
+        (-1: the file is gone)."""
+        assert new_names in ("lost", "random")
         reverted: dict[str, int] = {}
         for files in self._new_files.values():
-            for path in files:
+            for path in sorted(files):
+                if new_names == "random" and self.rng.random() < 0.5:
+                    continue          # its name survived; its unsynced writes are reverted below
                 if os.path.exists(path):
                     os.remove(path)
                     reverted[path] = -1

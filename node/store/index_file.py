@@ -386,6 +386,7 @@ class IndexService:
                 if f.entries > 0 and f.end_phy_offset >= log_end_physical:
                     repaired.append(f.name)
                     self._rebuild_below(f, log_end_physical)
+        self._names = DeferredDirSync(self.fs, self.directory, existing=bool(self.files))
         if self.files and self.files[-1].is_full and self.files[-1].seal():
             self.files[-1].sync()
         return repaired

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+import logging
 import os
 import threading
 import time
@@ -28,6 +29,9 @@ from node.store.errors import StoreFatal
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem, ShortWrite
 
 NAME_DIGITS = 20
+ORPHAN_SUFFIX = ".orphan"   # a file after a gap in the names, set aside at load
+
+log = logging.getLogger(__name__)
 
 
 def segment_name(base: int) -> str:
@@ -111,22 +115,49 @@ class SegmentedFile:
 
     # --- opening ------------------------------------------------------------------------
     def load(self) -> None:
-        """Open the segments on disk. Every one is taken as full until the owner sets the end."""
+        """Open the segments on disk. Every one is taken as full until the owner sets the end.
+
+        A file longer than a segment, or named off a multiple of it, was written with another
+        mappedFileSize: nothing is opened. (Files are created at full size, sparse; a shorter
+        one, cut by a crash or by hand, reads as ending early.) Files after a gap
+        in the names are a crash's orphans: their names were never made durable while the
+        one before them was lost, so none of them held a flushed byte (DeferredDirSync). They
+        are renamed `<name>.orphan` (kept, for inspection) and the segments end at the gap."""
         self.fs.makedirs(self.directory)
         self._closed = False
-        for name in self.fs.listdir(self.directory):
-            if len(name) != NAME_DIGITS or not name.isdigit():
-                continue  # temp files and foreign files are not ours
+        names = [n for n in self.fs.listdir(self.directory) if len(n) == NAME_DIGITS and n.isdigit()]
+        off = [n for n in names if int(n) % self.segment_size]
+        if off:
+            raise StoreFatal(f"{self.directory}: {off[0]} is not a multiple of mappedFileSize ({self.segment_size}); "
+                             f"is it the size the store was written with?")
+        for i, name in enumerate(names):   # other names (temp files, orphans, foreign files) are not ours
             base = int(name)
             if self.segments and base != self.segments[-1].base + self.segment_size:
-                raise StoreFatal(f"{self.directory}: segment {name} does not follow the previous one; "
-                                 f"is mappedFileSize ({self.segment_size}) the one the store was written with?")
+                self._set_aside(names[i:], f"segment {segment_name(self.segments[-1].base + self.segment_size)} "
+                                           f"is missing")
+                break
             path = os.path.join(self.directory, name)
-            seg = Segment(base, self.segment_size, path, self.fs.open(path))
+            handle = self.fs.open(path)
+            size = handle.size()
+            if size > self.segment_size:
+                handle.close()
+                self.close()
+                raise StoreFatal(f"{path}: {size} bytes, longer than mappedFileSize ({self.segment_size}); "
+                                 f"is it the size the store was written with?")
+            seg = Segment(base, self.segment_size, path, handle)
             seg.write_pos = self.segment_size
             self.segments.append(seg)
             self._bases.append(base)
+        self._names = DeferredDirSync(self.fs, self.directory, existing=bool(self.segments))
         self.flushed = self.end
+
+    def _set_aside(self, names: list[str], why: str) -> None:
+        for name in names:
+            path = os.path.join(self.directory, name)
+            self.fs.rename(path, path + ORPHAN_SUFFIX)
+        self.fs.fsync_dir(self.directory)
+        log.warning("%s: %s; %d later file(s) left by a crash, never flushed, set aside as %s: %s",
+                    self.directory, why, len(names), ORPHAN_SUFFIX, ", ".join(names))
 
     def set_end(self, offset: int) -> None:
         """After recovery: data ends at `offset`; later segments must not exist."""
@@ -315,7 +346,7 @@ class SegmentedFile:
                 raise StoreFatal(f"truncate to {offset} failed in {self.directory}: {e}") from e
             seg.write_pos = rel
         if removed:
-            self.fs.fsync_dir(self.directory)
+            self._names.sync_now(files_remain=bool(self.segments))
         self.flushed = min(self.flushed, self.end)
         return TruncateReport(offset, zeroed, removed)
 
@@ -326,15 +357,16 @@ class SegmentedFile:
             return self._delete_head(upto_offset)
 
     def _delete_head(self, upto_offset: int) -> list[str]:
+        # One file at a time, each removal durable before the next: a crash then leaves the
+        # oldest files first, never a gap that would make load() take the live files for orphans.
         removed: list[str] = []
         while len(self.segments) > 1 and self.segments[0].base + self.segment_size <= upto_offset:
             seg = self.segments.pop(0)
             self._bases.pop(0)
             seg.handle.close()
             self.fs.remove(seg.path)
+            self._names.sync_now(files_remain=True)
             removed.append(seg.path)
-        if removed:
-            self.fs.fsync_dir(self.directory)
         return removed
 
     def reset_to(self, offset: int) -> None:
@@ -349,7 +381,7 @@ class SegmentedFile:
             self.fs.remove(seg.path)
         self.segments.clear()
         self._bases.clear()
-        self.fs.fsync_dir(self.directory)
+        self._names.sync_now(files_remain=False)
         seg = self._create(self.first_file_start(offset))
         seg.write_pos = offset - seg.base
         self.flushed = offset

@@ -264,7 +264,7 @@ def test_property_redispatch_after_any_crash_matches_model(tmp_path_factory, ops
             cq.flush()
             flushed = produced
         else:
-            fs.crash(torn=arg)
+            fs.crash(torn=arg, new_names="random" if seed % 2 else "lost")
             cq.close()
             cq = open_cq(fs, root)
             assert flushed <= cq.max_offset <= produced
