@@ -113,32 +113,35 @@ class DeferredDirSync:
         self.fs, self.directory = fs, directory
         self._pending = 1 if existing else 0   # names not known durable (opened ones count as one)
         self._anchored = False                 # a durable name precedes every waiting one
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()          # never held over an fsync: the loop takes it
 
     def created(self, defer: bool = True) -> None:
         """A file was just created here; call it before the file counts toward what a flush
         claims durable. `defer=False`: its name is made durable now."""
         with self._lock:
-            if defer and (self._anchored or not self._pending):
-                self._pending += 1
+            self._pending += 1
+            if defer and (self._anchored or self._pending == 1):
                 return
-            self._fsync(anchored=True)
+        self._fsync(anchored=True)
 
     def sync(self) -> None:
         """Before a flush claims bytes durable: the waiting names, if any."""
-        with self._lock:
-            if self._pending:
-                self._fsync(anchored=True)
+        if self._pending:
+            self._fsync(anchored=True)
 
     def sync_now(self, files_remain: bool) -> None:
         """The owner removed files (or changed names otherwise): fsync the directory now;
         `files_remain` says whether it still holds a file of the owner's."""
-        with self._lock:
-            self._fsync(anchored=files_remain)
+        self._fsync(anchored=files_remain)
 
     def _fsync(self, anchored: bool) -> None:
+        # A name created while the fsync runs may be covered or not: it stays waiting.
+        with self._lock:
+            covered = self._pending
         self.fs.fsync_dir(self.directory)
-        self._pending, self._anchored = 0, anchored
+        with self._lock:
+            self._pending -= covered
+            self._anchored = anchored
 
 
 class FileSystem:

@@ -279,3 +279,41 @@ def test_delete_head_makes_each_removal_durable_before_the_next(tmp_path):
     synced = fs.dir_syncs
     assert len(sf.delete_head(300)) == 3
     assert fs.dir_syncs == synced + 3
+
+
+def test_regression_a_new_segment_does_not_wait_for_a_flush_s_directory_fsync(tmp_path):
+    """The flush thread held the names' lock over its directory fsync, so a new segment on the
+    append path waited for that fsync (as long as a slow disk takes)."""
+    import threading
+    import time
+
+    class GatedDirSync(FileSystem):
+        def __init__(self):
+            self.entered, self.release = threading.Event(), threading.Event()
+            self.gate = False
+
+        def fsync_dir(self, path):
+            if self.gate:
+                self.entered.set()
+                assert self.release.wait(10)
+            super().fsync_dir(path)
+
+    fs = GatedDirSync()
+    sf = SegmentedFile(fs, str(tmp_path), 100)
+    sf.ensure_writable().append(b"a" * 100)
+    sf.flush()                                      # anchored
+    sf.ensure_writable().append(b"b" * 100)         # a name waits
+    fs.gate = True
+    flusher = threading.Thread(target=sf.flush)
+    flusher.start()
+    try:
+        assert fs.entered.wait(10)                  # the flush is inside its directory fsync
+        t0 = time.monotonic()
+        sf.ensure_writable().append(b"c")           # the append path creates a segment meanwhile
+        assert time.monotonic() - t0 < 1.0, "the append path waited for the flush's fsync"
+    finally:
+        fs.release.set()
+        flusher.join(10)
+    fs.gate = False
+    sf.flush()                                      # the name created during the fsync is synced now
+    assert sf.flushed == sf.end == 201
