@@ -183,6 +183,8 @@ class Dispatcher:
             log.warning("dispatch: checkpoint position %d is outside the log [%d, %d]; starting at %d",
                         self.checkpoint.committed_offset, lo, hi, start)
         self.position = self.flushed_position = start
+        if self.index is not None:
+            self.index.redispatch_from = start     # log position <= physical offset of its message
         log.info("dispatch: start at position %d (%d bytes behind); dropped %d CQ units past %d; "
                  "repaired index files %s", start, hi - start, cut, log_end_physical, repaired)
         return start

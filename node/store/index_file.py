@@ -370,6 +370,7 @@ class IndexService:
         self._sync_due: list[IndexFile] = []        # written out, not yet fsynced (a few at most)
         self._due_lock = threading.Lock()           # only for _sync_due: never held over an fsync
         self._names = DeferredDirSync(fs, self.directory)     # a new file's name: made durable by sync()
+        self.redispatch_from: int | None = None     # set at start: the checkpoint's position (build_index)
 
     # --- startup ----------------------------------------------------------------------------
     def load(self, log_end_physical: int | None = None) -> list[str]:
@@ -484,9 +485,13 @@ class IndexService:
         """Index one message under its UNIQ_KEY and each KEYS word (RocketMQ buildIndex).
 
         A message below the last file's end offset was indexed before (re-dispatch
-        after a restart) and is skipped. Returns the number of entries added.
+        after a restart) and is skipped, unless it is at or past `redispatch_from`: the
+        entries past the checkpoint were never fsynced, and a crash may have kept the
+        header that counts them without them. Such a message is indexed again; a query
+        returns each offset once. Returns the number of entries added.
         """
-        if self.files and phy_offset < self.files[-1].end_phy_offset:
+        if self.files and phy_offset < self.files[-1].end_phy_offset and (
+                self.redispatch_from is None or phy_offset < self.redispatch_from):
             return 0
         words = [uniq_key] if uniq_key else []
         if keys:

@@ -373,8 +373,8 @@ def test_regression_a_group_elects_a_leader_when_term_and_vote_writes_outlast_th
     timers (50 ms ticks, an election timeout of 0.3-0.6 s): every candidate timed out before
     a vote could come back, the terms climbed (term 12 after 30 s) and no leader was elected.
     The clock now stands still during such a write and for as long again after it, so the
-    two nodes left after the leader stops elect one within a few write times, in one or two
-    new terms."""
+    two nodes left after the leader stops elect one within a few write times, in at most
+    three new terms."""
     import time
     peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
     fs = {n: SlowTermVoteFileSystem(hold_s=1.5) for n in peers}
@@ -409,7 +409,9 @@ def test_regression_a_group_elects_a_leader_when_term_and_vote_writes_outlast_th
 
     old_term, new_term, took, paused = asyncio.run(scenario())
     assert new_term is not None, f"no leader {took:.1f} s after the old one stopped"
-    assert new_term <= old_term + 2, f"terms climbed from {old_term} to {new_term}"
+    # Both survivors may pass the pre-vote at once and split the vote, once or twice (as in
+    # tests/integration/test_slow_disk.py); the old shell climbed a term every timeout.
+    assert new_term <= old_term + 3, f"terms climbed from {old_term} to {new_term} in {took:.1f} s"
     assert all(p > 0 for p in paused), paused
 
 
