@@ -119,10 +119,11 @@ class SegmentedFile:
 
         A file longer than a segment, or named off a multiple of it, was written with another
         mappedFileSize: nothing is opened. (Files are created at full size, sparse; a shorter
-        one, cut by a crash or by hand, reads as ending early.) Files after a gap
-        in the names are a crash's orphans: their names were never made durable while the
-        one before them was lost, so none of them held a flushed byte (DeferredDirSync). They
-        are renamed `<name>.orphan` (kept, for inspection) and the segments end at the gap."""
+        one, cut by a crash or by hand, reads as ending early.) Files after a gap in the
+        names are a crash's orphans: the crash lost the name before them, which any flush of
+        theirs would have made durable first, so none of them held a flushed byte
+        (DeferredDirSync). They are renamed `<name>.orphan` (kept, for inspection) and the
+        segments end at the gap."""
         self.fs.makedirs(self.directory)
         self._closed = False
         names = [n for n in self.fs.listdir(self.directory) if len(n) == NAME_DIGITS and n.isdigit()]
