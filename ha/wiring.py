@@ -41,18 +41,22 @@ def attach_truncation(broker) -> None:
         return
 
     def on_truncate(offset: int) -> None:
-        cut = broker.cq_store.truncate_past_physical(offset)
-        d = broker.dispatcher
-        d.position = min(d.position, offset)
-        d.flushed_position = min(d.flushed_position, offset)
-        log.warning("truncation to %d: dropped %d consume-queue units; dispatch resumes at %d", offset, cut,
-                    d.position)
+        def truncate() -> None:
+            cut = broker.cq_store.truncate_past_physical(offset)
+            d = broker.dispatcher
+            d.position = min(d.position, offset)
+            d.flushed_position = min(d.flushed_position, offset)
+            log.warning("truncation to %d: dropped %d consume-queue units; dispatch resumes at %d", offset, cut,
+                        d.position)
+        broker.dispatcher.when_recovered(truncate)    # not under the start's recovery of the queues
 
     halog.truncate_listeners.append(on_truncate)
 
     def on_reset(offset: int) -> None:
-        broker.dispatcher.skip_to(offset)
-        log.warning("slave log restarts at %d: dispatch resumes there", offset)
+        def reset() -> None:
+            broker.dispatcher.skip_to(offset)
+            log.warning("slave log restarts at %d: dispatch resumes there", offset)
+        broker.dispatcher.when_recovered(reset)
 
     halog.reset_listeners.append(on_reset)
 

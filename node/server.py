@@ -209,10 +209,12 @@ def follow_dledger_resets(broker: Broker) -> None:
     rlog.import_broker_state = broker.import_replicated_state
 
     def on_reset(start: int) -> None:
-        cut = broker.cq_store.truncate_past_physical(0)
-        broker.dispatcher.skip_to(start)
-        log.warning("log reset to the leader's base: dropped %d consume-queue units of the old log; dispatch "
-                    "resumes at %d", cut, broker.dispatcher.position)
+        def reset() -> None:
+            cut = broker.cq_store.truncate_past_physical(0)
+            broker.dispatcher.skip_to(start)
+            log.warning("log reset to the leader's base: dropped %d consume-queue units of the old log; dispatch "
+                        "resumes at %d", cut, broker.dispatcher.position)
+        broker.dispatcher.when_recovered(reset)    # not under the start's recovery of the queues
 
     rlog.reset_listeners.append(on_reset)
 

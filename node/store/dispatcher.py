@@ -150,6 +150,7 @@ class Dispatcher:
         self.handler_errors = 0
         self.disk_full_errors = 0       # CQ/index/checkpoint writes refused with ENOSPC (retried)
         self._sync_lock = threading.Lock()
+        self._deferred: list[Callable[[], None]] | None = None   # changes held while recovering off the loop
         self._disk_full_warnings = LogThrottle(DISK_FULL_LOG_INTERVAL_S)
 
     # --- observers ----------------------------------------------------------------------------
@@ -172,12 +173,47 @@ class Dispatcher:
         cut); expired CQ heads are removed; dispatch resumes at the checkpoint's
         position, clamped into the log's retained, committed range.
         """
+        lo, hi, min_phys = self.log.min_position, self.log.committed_position, self.log.min_physical_offset
+        return self._start_at(lo, hi, log_end_physical, *self._recover_files(log_end_physical, min_phys))
+
+    async def startup_recover_in_background(self, log_end_physical: int) -> int:
+        """startup_recover, its file work on a worker thread: every queue's directory listed
+        and its last file read, units past the end cut, expired files dropped, index files
+        checked. With a few thousand queues that held the event loop for seconds, while a
+        DLedger node's Raft (started first) or a slave's HA link was already running on it.
+
+        The log's positions are read once, here, before the thread starts: the checkpoint's
+        position is clamped into the same committed range the units were cut to, however far
+        the log moves meanwhile. A reset or truncation of the log that arrives meanwhile
+        reaches the queues through `when_recovered`, after the recovery, in order."""
+        lo, hi, min_phys = self.log.min_position, self.log.committed_position, self.log.min_physical_offset
+        self._deferred = []
+        try:
+            found = await asyncio.to_thread(self._recover_files, log_end_physical, min_phys)
+            self._start_at(lo, hi, log_end_physical, *found)
+        finally:
+            deferred, self._deferred = self._deferred, None
+        for fn in deferred:
+            fn()
+        return self.position
+
+    def when_recovered(self, fn: Callable[[], None]) -> None:
+        """Run `fn` (a change of the queues and of the dispatch position that follows a change
+        of the log) now, or once a recovery in the background is done."""
+        if self._deferred is not None:
+            self._deferred.append(fn)
+        else:
+            fn()
+
+    def _recover_files(self, log_end_physical: int, min_phys: int) -> tuple[int, list[str]]:
         self.cq_store.recover_all()
         cut = self.cq_store.truncate_past_physical(log_end_physical)
-        self.cq_store.delete_expired(self.log.min_physical_offset)
+        self.cq_store.delete_expired(min_phys)
         repaired = self.index.load(log_end_physical) if self.index is not None else []
         self.checkpoint.load()
-        lo, hi = self.log.min_position, self.log.committed_position
+        return cut, repaired
+
+    def _start_at(self, lo: int, hi: int, log_end_physical: int, cut: int, repaired: list[str]) -> int:
         start = min(max(self.checkpoint.committed_offset, lo), hi)
         if start != self.checkpoint.committed_offset:
             log.warning("dispatch: checkpoint position %d is outside the log [%d, %d]; starting at %d",

@@ -11,6 +11,7 @@ tiny CQ and index files, FaultyFileSystem for crashes.
 from __future__ import annotations
 
 import asyncio
+import threading
 import bisect
 import logging
 import os
@@ -444,3 +445,86 @@ def test_a_log_that_asks_for_linger_gets_small_commits_dispatched_as_one_batch(t
 
     assert asyncio.run(scenario(0.0)) >= 8           # no linger: a batch per commit, or nearly
     assert asyncio.run(scenario(0.02)) <= 3          # 20 ms linger: the ten commits in a few batches
+
+
+def _gated_recovery(store: Store) -> tuple[threading.Event, threading.Event, list[bool]]:
+    """Hold the store's background recovery on its worker until `go` is set; `entered` once
+    it is there; the list records whether it ran on the main thread."""
+    entered, go, on_main = threading.Event(), threading.Event(), []
+    real = store.d._recover_files
+
+    def gated(*args):
+        on_main.append(threading.current_thread() is threading.main_thread())
+        entered.set()
+        assert go.wait(10)
+        return real(*args)
+    store.d._recover_files = gated
+    return entered, go, on_main
+
+
+async def _until_set(event: threading.Event) -> None:
+    for _ in range(2000):
+        if event.is_set():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the recovery never reached its worker")
+
+
+def test_regression_startup_recovery_off_the_loop_reads_the_log_positions_once(tmp_path):
+    """Moved to a worker thread once before, the recovery read the log's committed position
+    twice: units were cut at the caller's reading, and the dispatch start was clamped by a
+    second one, taken on the thread after the log had moved on (Raft learning the leader's
+    commit index). Dispatch then started past units it had just cut ("gap in queue offsets",
+    docker drill restart_all). One reading serves both now; the loop is free meanwhile."""
+    log = FakeLog()
+    fill(log, 30)
+    s = Store(log, tmp_path)
+    s.recover(log)
+    s.d.catch_up()                               # dispatched and checkpointed at 30 records
+    s.close()
+    cut_at = log.positions[20]
+    log.committed_position = cut_at              # restarted: 20 records known committed so far
+    t = Store(log, tmp_path)
+    entered, go, on_main = _gated_recovery(t)
+
+    async def scenario() -> int:
+        task = asyncio.ensure_future(t.d.startup_recover_in_background(log.records[20][0]))
+        await _until_set(entered)
+        log.commit()                             # meanwhile the log learns all 30 are committed
+        go.set()
+        start = await task
+        await t.d.catch_up_yielding()
+        return start
+
+    assert asyncio.run(scenario()) == cut_at
+    assert on_main == [False]
+    assert cq_contents(t) == expected_cqs(log)
+    fill(log, 3, start=30)
+    t.d.catch_up()                               # no gap at the next put
+    assert cq_contents(t) == expected_cqs(log)
+    t.close()
+
+
+def test_a_change_of_the_log_during_the_recovery_reaches_the_queues_after_it(tmp_path):
+    """A reset or truncation of the log (their listeners call when_recovered) that arrives
+    while the queues are being recovered off the loop waits for the recovery, then runs, in
+    order; at any other time it runs at once."""
+    log = FakeLog()
+    fill(log, 12)
+    s = Store(log, tmp_path)
+    entered, go, _ = _gated_recovery(s)
+    calls = []
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(s.d.startup_recover_in_background(log.end_physical))
+        await _until_set(entered)
+        s.d.when_recovered(lambda: calls.append(("first", s.d.position)))
+        s.d.when_recovered(lambda: (calls.append(("second", s.d.position)), s.d.skip_to(log.positions[5])))
+        assert calls == []
+        go.set()
+        assert await task == log.positions[5]    # the position after the held changes
+        s.d.when_recovered(lambda: calls.append(("later", s.d.position)))
+
+    asyncio.run(scenario())
+    assert calls == [("first", 0), ("second", 0), ("later", log.positions[5])]
+    s.close()
