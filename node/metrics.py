@@ -120,6 +120,9 @@ class _TimedFile:
     def size(self) -> int:
         return self.inner.size()
 
+    def data_end(self, limit: int) -> int:
+        return self.inner.data_end(limit)
+
     def close(self) -> None:
         self.inner.close()
 

@@ -41,6 +41,7 @@ class FileHandle(Protocol):
     def fsync(self) -> None: ...
     def truncate(self, size: int) -> None: ...
     def size(self) -> int: ...
+    def data_end(self, limit: int) -> int: ...
     def close(self) -> None: ...
 
 
@@ -87,6 +88,23 @@ class OsFile:
 
     def size(self) -> int:
         return os.fstat(self.fd).st_size
+
+    def data_end(self, limit: int) -> int:
+        """Where the bytes ever written from offset 0 end, within `limit`: the start of a hole
+        that runs to the end of the file (past it every byte reads as zero), or `limit` when
+        data follows a hole or the file system cannot say. A file created sparse at full size
+        and half filled reads as only that half."""
+        try:
+            hole = os.lseek(self.fd, 0, os.SEEK_HOLE)
+            if hole >= limit:
+                return limit
+            try:
+                os.lseek(self.fd, hole, os.SEEK_DATA)
+            except OSError as e:
+                return hole if e.errno == errno.ENXIO else limit   # ENXIO: a hole to the end
+            return limit
+        except OSError:
+            return limit
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -363,6 +381,9 @@ class _FaultyFile:
 
     def size(self) -> int:
         return self.inner.size()
+
+    def data_end(self, limit: int) -> int:
+        return self.inner.data_end(limit)
 
     def close(self) -> None:
         self.inner.close()
