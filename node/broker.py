@@ -342,11 +342,7 @@ class Broker:
         self._load_snapshots()  # before dispatch: records dispatched now apply on top of it
         # The dispatcher recovers the consume queues itself (cut past the log end, drop expired),
         # off the loop where it can: the log (Raft, an HA link) already runs on it.
-        recover = getattr(self.dispatcher, "startup_recover_in_background", None)
-        if recover is not None:
-            await recover(self.log.committed_position)
-        else:
-            await _maybe_await(self.dispatcher.startup_recover(self.log.committed_position))
+        await self.dispatcher.startup_recover_in_background(self.log.committed_position)
         self._load_deletions()  # before dispatch: re-dispatch must not resurrect deleted topics
         try:
             await self.dispatcher.catch_up_yielding()

@@ -173,7 +173,7 @@ class Dispatcher:
         cut); expired CQ heads are removed; dispatch resumes at the checkpoint's
         position, clamped into the log's retained, committed range.
         """
-        lo, hi, min_phys = self.log.min_position, self.log.committed_position, self.log.min_physical_offset
+        lo, hi, min_phys = self._log_positions()
         return self._start_at(lo, hi, log_end_physical, *self._recover_files(log_end_physical, min_phys))
 
     async def startup_recover_in_background(self, log_end_physical: int) -> int:
@@ -186,7 +186,7 @@ class Dispatcher:
         position is clamped into the same committed range the units were cut to, however far
         the log moves meanwhile. A reset or truncation of the log that arrives meanwhile
         reaches the queues through `when_recovered`, after the recovery, in order."""
-        lo, hi, min_phys = self.log.min_position, self.log.committed_position, self.log.min_physical_offset
+        lo, hi, min_phys = self._log_positions()
         self._deferred = []
         try:
             found = await asyncio.to_thread(self._recover_files, log_end_physical, min_phys)
@@ -204,6 +204,10 @@ class Dispatcher:
             self._deferred.append(fn)
         else:
             fn()
+
+    def _log_positions(self) -> tuple[int, int, int]:
+        """(first retained, committed, first physical): what a recovery clamps and cuts to."""
+        return self.log.min_position, self.log.committed_position, self.log.min_physical_offset
 
     def _recover_files(self, log_end_physical: int, min_phys: int) -> tuple[int, list[str]]:
         self.cq_store.recover_all()

@@ -2,6 +2,7 @@
 
     path = build("wallclock_shim.c")      # the shared library, compiled on first use
     env = preload(proc_env, path)         # LD_PRELOAD for a process, beside any shim it has
+    class WallClock(SettingShim): ...     # one integer setting per process, in a file of its own
 
 Each shim reads its setting from a file named by an environment variable, so a test changes
 a running process's fault by rewriting that file. Needs a C compiler (`cc`); without one
@@ -61,3 +62,36 @@ def write_setting(path: str, value: int) -> None:
     with open(tmp, "w") as f:
         f.write(f"{value}\n")
     os.replace(tmp, path)
+
+
+class SettingShim:
+    """A shim whose setting is one integer per named process, in a file of that process's own
+    (its path in the environment variable ENV). Every process starts at 0, the shim's
+    "no fault"; `reset` puts every one back there."""
+
+    SOURCE = ""     # the shim's C source, in tests/integration
+    ENV = ""        # the variable naming its setting file
+    SUFFIX = ""     # the setting file's name is <process name><SUFFIX>
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        self.library = build(self.SOURCE)
+        self.settings: dict[str, int] = {}
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.directory, f"{name}{self.SUFFIX}")
+
+    def attach(self, name: str, proc) -> None:
+        """Run `proc` (an mqstore.localcluster.Proc not started yet) under the shim as `name`."""
+        if name not in self.settings:
+            self.write(name, 0)
+        proc.env = {**preload(proc.env, self.library), self.ENV: self._path(name)}
+
+    def write(self, name: str, value: int) -> None:
+        write_setting(self._path(name), value)
+        self.settings[name] = value
+
+    def reset(self) -> None:
+        for name in list(self.settings):
+            self.write(name, 0)

@@ -13,38 +13,18 @@ compiler (`cc`); without one `SlowSync` raises with that reason.
 
 from __future__ import annotations
 
-import os
-
 from tests.integration import shims
-
-SHIM = "slowsync_shim.c"
 
 
 def unavailable() -> str | None:
     """Why syncs cannot be slowed here (no C compiler, the shim does not build), or None."""
-    return shims.unavailable(SHIM)
+    return shims.unavailable(SlowSync.SOURCE)
 
 
-class SlowSync:
-    def __init__(self, directory: str):
-        self.directory = directory
-        os.makedirs(directory, exist_ok=True)
-        self.library = shims.build(SHIM)
-        self.delays: dict[str, int] = {}
-
-    def _path(self, name: str) -> str:
-        return os.path.join(self.directory, f"{name}.sync-delay-ms")
-
-    def attach(self, name: str, proc) -> None:
-        """Run `proc` (an mqstore.localcluster.Proc not started yet) under the shim as `name`."""
-        if name not in self.delays:
-            self.set(name, 0)
-        proc.env = {**shims.preload(proc.env, self.library), "MQSTORE_SLOWSYNC_FILE": self._path(name)}
+class SlowSync(shims.SettingShim):
+    SOURCE = "slowsync_shim.c"
+    ENV = "MQSTORE_SLOWSYNC_FILE"
+    SUFFIX = ".sync-delay-ms"
 
     def set(self, name: str, delay_ms: int) -> None:
-        shims.write_setting(self._path(name), int(delay_ms))
-        self.delays[name] = int(delay_ms)
-
-    def reset(self) -> None:
-        for name in list(self.delays):
-            self.set(name, 0)
+        self.write(name, int(delay_ms))

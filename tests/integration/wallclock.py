@@ -12,50 +12,30 @@ NTP step. Needs a C compiler (`cc`); without one `WallClock` raises with that re
 
 from __future__ import annotations
 
-import os
 import time
 
 from tests.integration import shims
 
-SHIM = "wallclock_shim.c"
-
 
 def unavailable() -> str | None:
     """Why steps cannot be made here (no C compiler, the shim does not build), or None."""
-    return shims.unavailable(SHIM)
+    return shims.unavailable(WallClock.SOURCE)
 
 
-class WallClock:
-    def __init__(self, directory: str):
-        self.directory = directory
-        os.makedirs(directory, exist_ok=True)
-        self.library = shims.build(SHIM)
-        self.offsets: dict[str, float] = {}
+class WallClock(shims.SettingShim):
+    """Each process's offset from the real wall clock, in seconds (the file holds nanoseconds)."""
 
-    def _path(self, name: str) -> str:
-        return os.path.join(self.directory, f"{name}.offset")
+    SOURCE = "wallclock_shim.c"
+    ENV = "MQSTORE_WALLCLOCK_FILE"
+    SUFFIX = ".offset"
 
-    def env(self, name: str) -> dict[str, str]:
-        """Environment for process `name` (its offset starts at 0)."""
-        if name not in self.offsets:
-            self.set(name, 0.0)
-        return {"LD_PRELOAD": self.library, "MQSTORE_WALLCLOCK_FILE": self._path(name)}
-
-    def attach(self, name: str, proc) -> None:
-        """Run `proc` (an mqstore.localcluster.Proc not started yet) under the shim as `name`."""
-        env = self.env(name)
-        proc.env = {**shims.preload(proc.env, env.pop("LD_PRELOAD")), **env}
+    def offset(self, name: str) -> float:
+        return self.settings.get(name, 0) / 1e9
 
     def set(self, name: str, offset_s: float) -> None:
-        shims.write_setting(self._path(name), int(offset_s * 1e9))
-        self.offsets[name] = offset_s
-
-    def reset(self) -> None:
-        """Every process back to the real wall clock."""
-        for name in list(self.offsets):
-            self.set(name, 0.0)
+        self.write(name, int(offset_s * 1e9))
 
     def step(self, name: str, by_s: float, settle_s: float = 0.05) -> None:
         """Move `name`'s wall clock by `by_s` seconds (either way) from its current offset."""
-        self.set(name, self.offsets.get(name, 0.0) + by_s)
+        self.set(name, self.offset(name) + by_s)
         time.sleep(settle_s)      # the shim looks at the file at most every 20 ms

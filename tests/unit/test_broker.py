@@ -147,6 +147,9 @@ class MiniDispatcher:
         self.cq.truncate_past_physical(log_end_physical)
         return 0
 
+    async def startup_recover_in_background(self, log_end_physical):
+        return self.startup_recover(log_end_physical)
+
     def catch_up(self):
         while self.position < self.log.committed_position:
             batch = self.log.scan(self.position, 1 << 20)
