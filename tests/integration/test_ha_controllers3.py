@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.integration.test_ha_processes import ROOT, TOPIC, free_ports, http, wait_for
+from tests.integration.test_ha_processes import ROOT, TOPIC, free_ports, http, wait_for, wait_role
 
 pytestmark = pytest.mark.slow
 
@@ -83,8 +83,7 @@ class Group3:
         return http("GET", self.url(b, "/health"), timeout=2)[1]
 
     def wait_role(self, b: int, role: str, timeout: float = 30.0) -> dict:
-        return wait_for(lambda: (lambda h: h if h.get("role") == role and h.get("status") == "UP" else None)(
-            self.health(b)), timeout, f"broker {b} {role}")
+        return wait_role(self, b, role, timeout)
 
     def sss(self, ctl: int) -> list[int]:
         st, r = http("GET", f"http://127.0.0.1:{self.ctl_api[ctl]}/groups/broker-b/sync-state-set", timeout=2)

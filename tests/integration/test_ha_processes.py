@@ -34,6 +34,21 @@ pytestmark = pytest.mark.slow
 TOPIC = "HaTopic"
 
 
+def wait_role(group, b: int, role: str, timeout: float) -> dict:
+    """Broker `b` of `group` (with `health(b)` and `url(b, path)`) UP in `role`; a MASTER also
+    accepting writes: a promoted master reports its role before its epoch is written, and
+    answers writes NOT_LEADER (retriable) until then."""
+    def ready() -> dict | None:
+        h = group.health(b)
+        if h.get("role") != role or h.get("status") != "UP":
+            return None
+        if role == "MASTER" and not http("GET", group.url(b, "/cluster"), timeout=2)[1].get(
+                "log", {}).get("accepting_writes"):
+            return None
+        return h
+    return wait_for(ready, timeout, f"broker {b} {role}")
+
+
 class FaultProxy:
     """A loopback TCP proxy that can be cut: while cut, every open connection is closed and new
     ones are closed on accept. Bounded: at most 64 live connections, 64 KiB per read."""
@@ -173,8 +188,7 @@ class Group:
         return http("GET", self.url(b, "/health"), timeout=2)[1]
 
     def wait_role(self, b: int, role: str, timeout: float = 30.0) -> dict:
-        return wait_for(lambda: (lambda h: h if h.get("role") == role and h.get("status") == "UP" else None)(
-            self.health(b)), timeout, f"broker {b} {role}")
+        return wait_role(self, b, role, timeout)
 
     def sss(self) -> dict:
         return http("GET", f"http://127.0.0.1:{self.ctl_api}/groups/broker-b/sync-state-set", timeout=2)[1]
