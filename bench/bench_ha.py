@@ -10,7 +10,9 @@ Figures (DESIGN section 7), each with its anchor measured in the same run:
   from elsewhere on the machine falls on all three alike; each figure is the median round.
   Each slave is its own process: on a 2-core machine it competes with its master and the
   load generator for CPU, so CPU per message of master, slave and standalone is reported
-  too, with the rate the two cores allow at those costs (`two_core_bound_msgs_s`);
+  too, with the rate the two cores allow at those costs (`two_core_bound_msgs_s`), and the
+  node's event-loop thread: its CPU per message, the share of the round it ran
+  (`node_loop_busy_pct`) and the share it waited for a core (`node_loop_waiting_for_cpu_pct`);
 - slave catch-up: a fresh slave joins a master holding N MiB; MB/s until its committed offset
   equals the master's (anchor: the disk's sequential write rate, measured here);
 - failover: kill -9 of the SYNC_MASTER -> first write the new master stores, with one
@@ -202,6 +204,7 @@ def _anchor_facts(transport: str, base: dict) -> dict:
     return {f"standalone_{transport}_msgs_s": round(base["msgs_s"], 1),
             f"standalone_{transport}_p99_ms": base["p99_ms"],
             f"standalone_{transport}_node_cpu_us_per_msg": base.get("node_cpu_us_per_msg"),
+            **{f"standalone_{transport}_{k}": v for k, v in base.items() if k.startswith("node_loop_")},
             f"standalone_{transport}_rounds": base["rounds"]}
 
 

@@ -229,6 +229,34 @@ def proc_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def loop_thread_sample(pid: int) -> tuple[float, float | None]:
+    """(CPU seconds, seconds spent waiting for a core) of a node's event-loop thread, its main
+    thread (Linux /proc; the wait is None where the kernel keeps no schedstat)."""
+    with open(f"/proc/{pid}/task/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        with open(f"/proc/{pid}/task/{pid}/schedstat") as f:
+            return cpu, int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return cpu, None
+
+
+def loop_facts(count: int, elapsed_s: float, before: tuple[float, float | None],
+               after: tuple[float, float | None]) -> dict:
+    """Where a node's event loop stood in a round: its CPU per message, the share of the round it
+    ran (near 100 %: the loop is the limit) and the share it waited for a core (other processes
+    on the machine took it)."""
+    if not count or elapsed_s <= 0:
+        return {}
+    cpu = after[0] - before[0]
+    out = {"node_loop_cpu_us_per_msg": round(cpu / count * 1e6, 2),
+           "node_loop_busy_pct": round(100 * cpu / elapsed_s, 1)}
+    if before[1] is not None and after[1] is not None:
+        out["node_loop_waiting_for_cpu_pct"] = round(100 * (after[1] - before[1]) / elapsed_s, 1)
+    return out
+
+
 def cpu_facts(count: int, node_cpu_s: float, client_cpu_s: float) -> dict:
     """CPU per message of the node and of this load generator. On a shared machine the
     rate moves with everyone else's load; CPU per message moves much less, and
@@ -355,6 +383,7 @@ async def _produce_loop(conns: list, send_batch: Callable[[Any], Awaitable[list]
     acked = 0
     latencies: list[float] = []
     node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
+    loop0 = loop_thread_sample(pid) if pid else None
     start = time.perf_counter()
     deadline = start + seconds
 
@@ -377,6 +406,7 @@ async def _produce_loop(conns: list, send_batch: Callable[[Any], Awaitable[list]
     latencies.sort()
     return {"msgs_s": acked / elapsed, "msgs": acked, "elapsed_s": round(elapsed, 3), "requests": len(latencies),
             **cpu_facts(acked, (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0),
+            **(loop_facts(acked, elapsed, loop0, loop_thread_sample(pid)) if loop0 else {}),
             "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
             "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2)
             if latencies else None}
