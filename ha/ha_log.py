@@ -186,7 +186,10 @@ class HALog:
         return self.local.fatal
 
     def role(self) -> str:
-        return self._role
+        """The role this broker serves in, as /health, /cluster and clients see it: MASTER only
+        once writes are accepted. A master being promoted (its epoch not yet written, writes
+        answered NOT_LEADER) or stopping still says SLAVE, so whoever sees MASTER can write."""
+        return MASTER if self._role == MASTER and self._accepting else SLAVE
 
     @property
     def dispatch_linger_s(self) -> float:
@@ -203,7 +206,7 @@ class HALog:
 
     def status(self) -> dict:
         st = dict(self.local.status())
-        st.update(mode=self.mode, role=self._role, committed_offset=self.committed_position,
+        st.update(mode=self.mode, role=self.role(), committed_offset=self.committed_position,
                   accepting_writes=self._accepting and st.get("accepting_writes", False),
                   sync_master=self.cfg.sync_master, master_epoch=self.epoch, epochs=self._epoch_pairs(),
                   leader=self.leader(), ha_slave_ack_offset=self.core.best_ack())

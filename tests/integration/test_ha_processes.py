@@ -35,17 +35,11 @@ TOPIC = "HaTopic"
 
 
 def wait_role(group, b: int, role: str, timeout: float) -> dict:
-    """Broker `b` of `group` (with `health(b)` and `url(b, path)`) UP in `role`; a MASTER also
-    accepting writes: a promoted master reports its role before its epoch is written, and
-    answers writes NOT_LEADER (retriable) until then."""
+    """Broker `b` of `group` (with `health(b)`) UP in `role` (a broker shows MASTER once it
+    accepts writes: test_ha_promotion_role.py)."""
     def ready() -> dict | None:
         h = group.health(b)
-        if h.get("role") != role or h.get("status") != "UP":
-            return None
-        if role == "MASTER" and not http("GET", group.url(b, "/cluster"), timeout=2)[1].get(
-                "log", {}).get("accepting_writes"):
-            return None
-        return h
+        return h if h.get("role") == role and h.get("status") == "UP" else None
     return wait_for(ready, timeout, f"broker {b} {role}")
 
 
