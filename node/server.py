@@ -30,6 +30,7 @@ from node.store.errors import StoreError, StoreFatal
 from node.store.fileio import FileSystem
 from node.store.index_file import IndexService
 from node.store.json_config import ConsumerOffsetTable, TopicConfig, TopicConfigTable
+from node.store.reaper import FileReaper
 from node.store.retention import RetentionPolicy
 from node.metrics import TimedFileSystem
 
@@ -179,7 +180,9 @@ def local_log_config(config: BrokerConfig) -> "LocalLogConfig":
 
 
 def build_broker(config: BrokerConfig, fs: FileSystem | None = None) -> Broker:
-    fs = fs or TimedFileSystem()   # the real file system, fsyncs timed for /metrics
+    if fs is None:
+        fs = TimedFileSystem()     # the real file system, fsyncs timed for /metrics
+        fs.reaper = FileReaper()   # retention's removals off the event loop (node/store/reaper.py)
     root = config.store_root
     fs.makedirs(root)
     checkpoint = Checkpoint(fs, root)

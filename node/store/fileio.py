@@ -19,7 +19,10 @@ import os
 import random
 import shutil
 import threading
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from node.store.reaper import FileReaper
 
 
 class ShortWrite(OSError):
@@ -164,6 +167,10 @@ class DeferredDirSync:
 
 class FileSystem:
     """Real files. Subclass (see FaultyFileSystem) to inject faults."""
+
+    # Removes the old files retention deletes (SegmentedFile.delete_head) on a thread of its
+    # own (node/store/reaper.py); None: the caller removes them. A node sets one.
+    reaper: "FileReaper | None" = None
 
     def open(self, path: str) -> FileHandle:
         """Open for read/write, creating it if missing."""

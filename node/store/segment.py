@@ -30,6 +30,7 @@ from node.store.fileio import DeferredDirSync, FileHandle, FileSystem, ShortWrit
 
 NAME_DIGITS = 20
 ORPHAN_SUFFIX = ".orphan"   # a file after a gap in the names, set aside at load
+CLOSE_DRAIN_S = 30.0        # close() waits this long for old files still being removed
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class SegmentedFile:
         # delete_head, reset_to, close) takes it, so no fsync meets a closed descriptor.
         self._io = threading.Lock()
         self._closed = False
+        self._reaped = False              # delete_head gave files to the reaper (close waits for it)
+        self._removal_error: OSError | None = None
         self._names = DeferredDirSync(fs, directory)    # an append's new segment: named durable by flush()
         # Old bytes read by cold-read workers for the loop's next try (node/store/cold_reads.py):
         # (generation, offset, bytes, bytes asked, when); a change of old bytes bumps the generation.
@@ -352,23 +355,49 @@ class SegmentedFile:
         return TruncateReport(offset, zeroed, removed)
 
     def delete_head(self, upto_offset: int) -> list[str]:
-        """Delete whole segments that end at or before `upto_offset` (never the last one)."""
+        """Delete whole segments that end at or before `upto_offset` (never the last one);
+        returns their paths. They leave the file set at once; with the file system's reaper
+        (node/store/reaper.py) the files are removed by its thread, else here.
+
+        One file at a time, each removal durable before the next: a crash then leaves the
+        oldest files first, never a gap that would make load() take the live files for
+        orphans. A removal that failed stops the ones after it (they stay, before the live
+        files) and the next call raises StoreFatal, as a failed removal here does."""
+        if self._removal_error is not None:
+            raise StoreFatal(f"removing old files of {self.directory} failed: {self._removal_error}")
         with self._io:
             self.forget_fetched()
-            return self._delete_head(upto_offset)
+            paths: list[str] = []
+            while len(self.segments) > 1 and self.segments[0].base + self.segment_size <= upto_offset:
+                seg = self.segments.pop(0)
+                self._bases.pop(0)
+                seg.handle.close()
+                paths.append(seg.path)
+        if paths:
+            reaper = self.fs.reaper
+            if reaper is None:
+                self._remove_detached(paths, raise_error=True)
+            else:
+                self._reaped = True
+                reaper.submit(functools.partial(self._remove_detached, paths))
+        return paths
 
-    def _delete_head(self, upto_offset: int) -> list[str]:
-        # One file at a time, each removal durable before the next: a crash then leaves the
-        # oldest files first, never a gap that would make load() take the live files for orphans.
-        removed: list[str] = []
-        while len(self.segments) > 1 and self.segments[0].base + self.segment_size <= upto_offset:
-            seg = self.segments.pop(0)
-            self._bases.pop(0)
-            seg.handle.close()
-            self.fs.remove(seg.path)
-            self._names.sync_now(files_remain=True)
-            removed.append(seg.path)
-        return removed
+    def _remove_detached(self, paths: list[str], raise_error: bool = False) -> None:
+        """Remove files `delete_head` took out of the set, in order, each durable before the next.
+        A name that is live again (a reset made a file of that name) is left alone."""
+        try:
+            for path in paths:
+                if self._removal_error is not None:
+                    return
+                with self._io:
+                    if not any(seg.path == path for seg in self.segments):
+                        self.fs.remove(path)
+                self._names.sync_now(files_remain=True)
+        except OSError as e:
+            self._removal_error = e
+            log.error("removing old files of %s failed: %r; the rest stay until the next start", self.directory, e)
+            if raise_error:
+                raise StoreFatal(f"removing old files of {self.directory} failed: {e}") from e
 
     def reset_to(self, offset: int) -> None:
         """Drop every segment and restart empty at `offset` (follower reset below leader's first)."""
@@ -389,6 +418,9 @@ class SegmentedFile:
 
     def close(self) -> None:
         self.forget_fetched()
+        if self._reaped and self.fs.reaper is not None and not self.fs.reaper.drain(CLOSE_DRAIN_S):
+            log.warning("%s: old files still being removed at close; they stay until the next start",
+                        self.directory)
         with self._io:
             self._closed = True
             for seg in self.segments:

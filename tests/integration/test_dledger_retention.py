@@ -88,9 +88,12 @@ def data_files(b) -> list[str]:
 
 
 async def cut(b) -> None:
-    """One pass of the broker's retention loop, at deleteWhen's hour."""
+    """One pass of the broker's retention loop, at deleteWhen's hour; then the node's reaper
+    thread removes the files (node/store/reaper.py)."""
     await b.log.retention_tick(AT_DELETE_HOUR)
     b.cq_store.delete_expired(b.log.min_physical_offset)
+    if b.fs.reaper is not None:
+        assert await asyncio.to_thread(b.fs.reaper.drain, 10)
 
 
 def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(tmp_path):
