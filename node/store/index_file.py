@@ -36,6 +36,7 @@ from node.store import layout as L
 from node.store.errors import StoreFatal, is_enospc
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem
 from node.store.message import KEY_SEPARATOR, java_string_hash
+from node.store.reaper import CLOSE_DRAIN_S
 
 log = logging.getLogger(__name__)
 
@@ -333,10 +334,6 @@ class IndexFile:
         self.closed = True
         self.handle.close()
 
-    def delete(self) -> None:
-        self.close()
-        self.fs.remove(self.path)
-
 
 def _query_files(files: list[IndexFile], key_hash: int, begin_ms: int, end_ms: int, max_num: int,
                  out: list[int], seen: set[int]) -> bool:
@@ -367,6 +364,7 @@ class IndexService:
         # sync() may run on a worker thread (the dispatcher's flush): it holds this lock over
         # its fsyncs, and so does whatever closes a file, so no fsync meets a closed descriptor.
         self._io = threading.Lock()
+        self._reaped = False        # expired files were given to the reaper (close waits for it)
         self._sync_due: list[IndexFile] = []        # written out, not yet fsynced (a few at most)
         self._due_lock = threading.Lock()           # only for _sync_due: never held over an fsync
         self._names = DeferredDirSync(fs, self.directory)     # a new file's name: made durable by sync()
@@ -573,25 +571,46 @@ class IndexService:
 
     def _delete(self, f: IndexFile) -> None:
         with self._io:
-            f.delete()
+            f.close()
+        self._remove([f.path])
 
     def delete_expired(self, min_phys: int) -> list[str]:
         """Delete files (never the last) whose every entry is below the commitlog's min offset;
         one a query is reading goes when that query ends."""
         removed: list[str] = []
+        paths: list[str] = []
         while len(self.files) > 1 and self.files[0].end_phy_offset < min_phys:
             f = self.files.pop(0)
             if f.readers:
                 f.doomed = True
             else:
-                self._delete(f)
+                with self._io:
+                    f.close()
+                paths.append(f.path)
             removed.append(f.name)
+        if paths:
+            self._remove(paths)
         if removed:
-            self.fs.fsync_dir(self.directory)
             log.info("index: deleted expired files %s (commitlog min offset %d)", removed, min_phys)
         return removed
 
+    def _remove(self, paths: list[str]) -> None:
+        """Remove closed files and fsync the directory: on the file system's reaper thread if it
+        has one (node/store/reaper.py), else here."""
+        def remove() -> None:
+            for path in paths:
+                self.fs.remove(path)
+            self.fs.fsync_dir(self.directory)
+        reaper = self.fs.reaper
+        if reaper is None:
+            remove()
+        else:
+            self._reaped = True
+            reaper.submit(remove)
+
     def close(self) -> None:
+        if self._reaped and self.fs.reaper is not None and not self.fs.reaper.drain(CLOSE_DRAIN_S):
+            log.warning("index: expired files still being removed at close; retention takes them again")
         with self._io:
             for f in self.files:
                 f.close()

@@ -25,6 +25,7 @@ from typing import Callable
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 1024       # removal jobs waiting (one per delete_head call); more run in the caller
+CLOSE_DRAIN_S = 30.0     # an owner's close waits this long for the removals it gave the reaper
 
 
 class FileReaper:

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from node.store import cold_reads
 from node.store.errors import StoreFatal
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem, ShortWrite
+from node.store.reaper import CLOSE_DRAIN_S
 
 NAME_DIGITS = 20
 ORPHAN_SUFFIX = ".orphan"   # a file after a gap in the names, set aside at load
-CLOSE_DRAIN_S = 30.0        # close() waits this long for old files still being removed
 
 log = logging.getLogger(__name__)
 

@@ -159,3 +159,22 @@ def test_the_reaper_runs_jobs_in_order_and_a_full_queue_runs_them_in_the_caller(
     assert reaper.drain(10)
     assert sorted(seen) == [0, 1, 2] and seen[:2] in ([0, 1], [2, 0]) and inline in (0, 1)
     assert (seen == [2, 0, 1]) == (inline == 1)
+
+
+def test_expired_index_files_are_removed_by_the_reaper_too(tmp_path):
+    from node.store.index_file import IndexService
+    fs = GatedDirSync()
+    idx = IndexService(fs, str(tmp_path), hash_slots=3, max_entries=3)   # 2 entries per file
+    idx.load()
+    for i in range(6):
+        idx.put("T", "k", i * 10, 1_700_000_000_000 + i)
+    idx.flush()
+    first = idx.files[0]
+    fs.open_gate.clear()
+    try:
+        assert idx.delete_expired(25) == [first.name]      # returns with the directory fsync held
+        assert idx.query("T", "k", 0, 2**62, 32) == [50, 40, 30, 20]
+    finally:
+        fs.open_gate.set()
+    idx.close()                                             # waits for the removal
+    assert not os.path.exists(first.path)
