@@ -36,7 +36,7 @@ from node.store import layout as L
 from node.store.errors import StoreFatal, is_enospc
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem
 from node.store.message import KEY_SEPARATOR, java_string_hash
-from node.store.reaper import CLOSE_DRAIN_S
+from node.store.reaper import CLOSE_DRAIN_S, run_or_hand_over
 
 log = logging.getLogger(__name__)
 
@@ -601,12 +601,8 @@ class IndexService:
             for path in paths:
                 self.fs.remove(path)
             self.fs.fsync_dir(self.directory)
-        reaper = self.fs.reaper
-        if reaper is None:
-            remove()
-        else:
+        if run_or_hand_over(self.fs.reaper, remove):
             self._reaped = True
-            reaper.submit(remove)
 
     def close(self) -> None:
         if self._reaped and self.fs.reaper is not None and not self.fs.reaper.drain(CLOSE_DRAIN_S):

@@ -69,3 +69,12 @@ class FileReaper:
                 job()
             except Exception:  # noqa: BLE001 - a job records its own failure; this only keeps the thread
                 log.exception("file reaper: a removal job failed")
+
+
+def run_or_hand_over(reaper: FileReaper | None, job: Callable[[], None]) -> bool:
+    """`job` on `reaper`'s thread, or here and now without one; True if it was handed over."""
+    if reaper is None:
+        job()
+        return False
+    reaper.submit(job)
+    return True

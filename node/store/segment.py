@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from node.store import cold_reads
 from node.store.errors import StoreFatal
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem, ShortWrite
-from node.store.reaper import CLOSE_DRAIN_S
+from node.store.reaper import CLOSE_DRAIN_S, run_or_hand_over
 
 NAME_DIGITS = 20
 ORPHAN_SUFFIX = ".orphan"   # a file after a gap in the names, set aside at load
@@ -373,13 +373,9 @@ class SegmentedFile:
                 self._bases.pop(0)
                 seg.handle.close()
                 paths.append(seg.path)
-        if paths:
-            reaper = self.fs.reaper
-            if reaper is None:
-                self._remove_detached(paths, raise_error=True)
-            else:
-                self._reaped = True
-                reaper.submit(functools.partial(self._remove_detached, paths))
+        if paths and run_or_hand_over(self.fs.reaper, functools.partial(self._remove_detached, paths,
+                                                                         raise_error=self.fs.reaper is None)):
+            self._reaped = True
         return paths
 
     def _remove_detached(self, paths: list[str], raise_error: bool = False) -> None:
