@@ -391,10 +391,11 @@ class Broker:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        self._save_snapshots()
+        # The last snapshots and queue flush on a worker: the log still runs (Raft, HA) meanwhile.
+        await self._save_snapshots_in_background()
         flush = getattr(self.cq_store, "flush_all", None)
         if flush is not None:
-            flush()
+            await asyncio.to_thread(flush)
         await self.log.stop()
         close = getattr(self.cq_store, "close", None)
         if close is not None:

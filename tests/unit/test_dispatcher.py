@@ -528,3 +528,64 @@ def test_a_change_of_the_log_during_the_recovery_reaches_the_queues_after_it(tmp
     asyncio.run(scenario())
     assert calls == [("first", 0), ("second", 0), ("later", log.positions[5])]
     s.close()
+
+
+def test_regression_the_final_flush_at_stop_does_not_hold_the_event_loop(tmp_path):
+    """The dispatcher's last flush at stop ran its fsyncs on the event loop: 591 ms on a slow
+    disk in a random-fault run, with Raft and HA tasks of the stopping node held behind it.
+    It runs on a worker now; the loop goes on meanwhile and the checkpoint still ends at the log."""
+    class GatedFsync(FileSystem):
+        def __init__(self):
+            self.gate, self.entered = threading.Event(), threading.Event()
+            self.gate.set()
+
+        def fsync_dir(self, path):
+            self._wait()
+            super().fsync_dir(path)
+
+        def open(self, path):
+            handle, fs = super().open(path), self
+
+            class Gated:
+                def __getattr__(self, name):
+                    return getattr(handle, name)
+
+                def fsync(self):
+                    fs._wait()
+                    handle.fsync()
+            return Gated()
+
+        def _wait(self):
+            if not self.gate.is_set():
+                self.entered.set()
+                assert self.gate.wait(10)
+
+    async def scenario() -> tuple[int, int, int]:
+        log = FakeLog()
+        fill(log, 5)
+        fs = GatedFsync()
+        s = Store(log, tmp_path, fs=fs, flush_interval_ms=60_000)   # no periodic flush: only the final one
+        s.recover(log)
+        s.d.start()
+        fill(log, 4, start=5)
+        for _ in range(200):
+            if s.d.position == log.end:
+                break
+            await asyncio.sleep(0.01)
+        fs.gate.clear()                                  # every fsync now waits at the gate
+        stopping = asyncio.ensure_future(s.d.stop())
+        ticks = 0
+        while not fs.entered.is_set() and ticks < 1000:
+            await asyncio.sleep(0.001)
+            ticks += 1
+        before = ticks
+        for _ in range(20):                              # the loop runs while the flush waits
+            await asyncio.sleep(0.001)
+            ticks += 1
+        fs.gate.set()
+        await stopping
+        return ticks - before, s.cp.committed_offset, log.end
+
+    ran, committed, end = asyncio.run(scenario())
+    assert ran == 20
+    assert committed == end
