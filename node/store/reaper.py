@@ -10,9 +10,10 @@ CleanConsumeQueueService); here the owner detaches the files on its loop (in mem
 flush or fetch sees them after that, and their descriptors are closed) and one reaper thread
 per node removes them, in the order they were given.
 
-The queue is bounded: a job that finds it full runs where it was submitted (a bound, not a
-drop). A file not yet removed when the process ends is still a head file at the next start,
-before the live ones with no gap, and retention takes it again.
+The queue is bounded: a job that finds it full waits for room where it was submitted (a
+bound, not a drop; run there at once, it would pass older files still queued and leave a gap).
+A file not yet removed when the process ends is still a head file at the next start, before
+the live ones with no gap, and retention takes it again.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Callable
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 1024       # removal jobs waiting (one per delete_head call); more run in the caller
+MAX_PENDING = 1024       # removal jobs waiting (one per delete_head call); more wait for room
 CLOSE_DRAIN_S = 30.0     # an owner's close waits this long for the removals it gave the reaper
 
 
@@ -33,17 +34,17 @@ class FileReaper:
         self._jobs: queue.Queue[Callable[[], None]] = queue.Queue(max_pending)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self.ran_inline = 0        # jobs that met a full queue
+        self.waited_for_room = 0   # jobs that met a full queue
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run `job` on the reaper thread after every job submitted before it; with the queue
-        full, run it here and now."""
+        full, wait here until there is room."""
         self._ensure_thread()
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
-            self.ran_inline += 1
-            job()
+            self.waited_for_room += 1
+            self._jobs.put(job)
 
     def drain(self, timeout_s: float) -> bool:
         """Wait until every job submitted so far has run; False if `timeout_s` passed first."""

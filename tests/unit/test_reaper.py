@@ -148,17 +148,25 @@ def test_close_waits_for_the_set_s_removals(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [segment_name(2 * SEG)]
 
 
-def test_the_reaper_runs_jobs_in_order_and_a_full_queue_runs_them_in_the_caller():
-    reaper = FileReaper(max_pending=2)
+def test_the_reaper_runs_jobs_in_order_and_a_full_queue_makes_the_caller_wait_for_room():
+    """Order is what keeps a crash from leaving a gap: a job that meets a full queue waits for
+    room rather than running at once ahead of older removals."""
+    reaper = FileReaper(max_pending=1)
     gate, seen = threading.Event(), []
     reaper.submit(lambda: (gate.wait(10), seen.append(0)))
-    reaper.submit(lambda: seen.append(1))
-    reaper.submit(lambda: seen.append(2))        # may find the queue full: runs here
-    inline = reaper.ran_inline
+    for _ in range(100):                        # the first job is running (out of the queue)
+        if reaper._jobs.empty():
+            break
+        threading.Event().wait(0.01)
+    reaper.submit(lambda: seen.append(1))       # fills the queue
+    third = threading.Thread(target=lambda: reaper.submit(lambda: seen.append(2)))
+    third.start()
+    third.join(0.2)
+    assert third.is_alive() and seen == []      # waiting for room, not run ahead
     gate.set()
+    third.join(10)
     assert reaper.drain(10)
-    assert sorted(seen) == [0, 1, 2] and seen[:2] in ([0, 1], [2, 0]) and inline in (0, 1)
-    assert (seen == [2, 0, 1]) == (inline == 1)
+    assert seen == [0, 1, 2] and reaper.waited_for_room == 1
 
 
 def test_expired_index_files_are_removed_by_the_reaper_too(tmp_path):
