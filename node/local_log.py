@@ -152,8 +152,8 @@ class LocalLog:
                     self._fail(e)
             self._fail_pending(StoreFatal("the log is stopping"))
             self.commitlog.close()
-        if self.fatal is None:
-            abort.remove(self.fs, self.store_root)   # a clean stop; after a fatal error, keep it
+        if self.fatal is None:   # a clean stop; after a fatal error, keep it (its directory fsync on a worker)
+            await asyncio.to_thread(abort.remove, self.fs, self.store_root)
         self._started = False
         log.info("local log stopped", extra={"committed": self._committed, "fatal": str(self.fatal or "")})
 
