@@ -14,38 +14,22 @@ from node.broker import OutgoingMessage
 from node.config import BrokerConfig
 from node.loop_watchdog import LoopWatchdog
 from node.server import build_broker
-from node.store.fileio import FileSystem
+from tests.unit.fsync_hooks import FsyncHooked
 
 SLOW_FSYNC_S = 0.25
 
 
-class SlowFsync(FileSystem):
+class SlowFsync(FsyncHooked):
     """Every file and directory fsync takes SLOW_FSYNC_S once `slow` is set."""
 
     def __init__(self):
         self.slow = False
         self.slow_fsyncs = 0
 
-    def _wait(self):
+    def before_fsync(self):
         if self.slow:
             self.slow_fsyncs += 1
             time.sleep(SLOW_FSYNC_S)
-
-    def open(self, path):
-        handle, fs = super().open(path), self
-
-        class Slow:
-            def __getattr__(self, name):
-                return getattr(handle, name)
-
-            def fsync(self):
-                fs._wait()
-                handle.fsync()
-        return Slow()
-
-    def fsync_dir(self, path):
-        self._wait()
-        super().fsync_dir(path)
 
 
 def test_regression_a_stop_on_a_slow_disk_does_not_stall_the_event_loop(tmp_path):

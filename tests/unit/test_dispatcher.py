@@ -28,6 +28,7 @@ from node.store.fileio import FaultyFileSystem, FileSystem
 from node.store.index_file import IndexService
 from node.store.message import MessageDraft, encode_record, tags_code
 from node.store.segment import ORPHAN_SUFFIX
+from tests.unit.fsync_hooks import FsyncHooked
 
 GAP = 48        # position -> physical offset, like a DLedger entry header
 T0 = 1_700_000_000_000
@@ -534,28 +535,12 @@ def test_regression_the_final_flush_at_stop_does_not_hold_the_event_loop(tmp_pat
     """The dispatcher's last flush at stop ran its fsyncs on the event loop: 591 ms on a slow
     disk in a random-fault run, with Raft and HA tasks of the stopping node held behind it.
     It runs on a worker now; the loop goes on meanwhile and the checkpoint still ends at the log."""
-    class GatedFsync(FileSystem):
+    class GatedFsync(FsyncHooked):
         def __init__(self):
             self.gate, self.entered = threading.Event(), threading.Event()
             self.gate.set()
 
-        def fsync_dir(self, path):
-            self._wait()
-            super().fsync_dir(path)
-
-        def open(self, path):
-            handle, fs = super().open(path), self
-
-            class Gated:
-                def __getattr__(self, name):
-                    return getattr(handle, name)
-
-                def fsync(self):
-                    fs._wait()
-                    handle.fsync()
-            return Gated()
-
-        def _wait(self):
+        def before_fsync(self):
             if not self.gate.is_set():
                 self.entered.set()
                 assert self.gate.wait(10)
