@@ -11,6 +11,10 @@ challenge-response: nothing from the peer is read as a frame until it has proved
 knows the secret, and the dialler checks the listener's proof before it sends. With TLS
 (`PeerSecurity.server_ssl` / `client_ssl`, node/tls.py) all of it runs inside mutual TLS.
 
+After the handshake an inbound connection's bytes go to its own protocol (`_Receiver`): each
+read's whole frames reach `on_message`, then `on_received`, in the socket's read callback,
+with no task woken in between.
+
 The first frame on a connection is the handshake `["mqstore-raft", version, group,
 sender_id]`; a connection from another group or an unknown id is closed. A frame
 that does not decode closes the connection with a logged error: after garbage the
@@ -44,7 +48,7 @@ HANDSHAKE_MAGIC = "mqstore-raft"
 # 2: Append entries travel as one binary blob with per-entry body CRCs (dledger.codec).
 PROTOCOL_VERSION = 2
 FLUSH_BUFFER_BYTES = 1 << 20   # flush() leaves a peer whose socket holds this much unsent to its sender task
-RECEIVE_CHUNK = 256 * 1024     # bytes taken from a connection's buffer per read: all its whole frames are handled
+RECEIVE_CHUNK = 256 * 1024     # a frame missing more than this collects its reads in a list (one join, not a copy per read)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,12 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
     if length > max_bytes:
         raise FrameError(f"frame of {length} bytes exceeds the cap of {max_bytes}")
     return await reader.readexactly(length)
+
+
+def _stream_buffer(reader: asyncio.StreamReader) -> bytearray | None:
+    """The bytes a StreamReader holds unread (CPython's keeps them in `_buffer`), or None."""
+    buffered = getattr(reader, "_buffer", None)
+    return buffered if isinstance(buffered, bytearray) else None
 
 
 def _take(queue: collections.deque[bytes], cap: int) -> list[bytes]:
@@ -305,7 +315,7 @@ class Transport:
             sender = await self._handshake(reader)
             if authed is not None and sender != authed:
                 raise FrameError(f"peer authenticated as {authed!r} says it is {sender!r}")
-            await self._receive(sender, reader)
+            await self._receive(sender, reader, writer)
         except peer_auth.PeerAuthError:
             self.metrics["auth_failures"] += 1   # counted and logged (rate-limited) by peer_auth
         except FrameError as e:
@@ -346,13 +356,36 @@ class Transport:
             raise FrameError(f"unknown peer {sender!r:.100}")
         return sender
 
-    async def _receive(self, sender: str, reader: asyncio.StreamReader) -> None:
-        """Every whole frame that has arrived, per wake-up: one read takes what the connection
-        holds (not two awaits per frame). A frame still arriving is finished with one
-        readexactly, so a large frame is copied once more, not once per piece."""
+    async def _receive(self, sender: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The connection's frames from here on go to a `_Receiver` protocol: each read's whole
+        frames are handled in the transport's own callback. A StreamReader woke this task one
+        loop turn after the bytes came, and each peer message (a push on a follower, an ack
+        on the leader) waited for that turn. What the handshake's reads left buffered is
+        handled first. Returns when the connection ends; raises what ended it badly."""
+        buffered = _stream_buffer(reader)
+        if buffered is None:            # a StreamReader whose buffer we cannot take: keep reading through it
+            await self._receive_stream(sender, reader)
+            return
+        done = asyncio.get_running_loop().create_future()
+        receiver = _Receiver(self, sender, done)
+        transport = writer.transport
+        leftover, eof = bytes(buffered), reader.at_eof() or getattr(reader, "_eof", False)
+        buffered.clear()
+        transport.set_protocol(receiver)
+        receiver.connection_made(transport)
+        if leftover:
+            receiver.data_received(leftover)
+        if eof:
+            receiver.connection_lost(None)
+        elif getattr(reader, "_paused", False):      # the StreamReader had paused reading: its buffer was full
+            transport.resume_reading()
+        await done
+
+    async def _receive_stream(self, sender: str, reader: asyncio.StreamReader) -> None:
+        """Every whole frame that has arrived, per wake-up, read through a StreamReader (the
+        fallback of `_receive`). A frame still arriving is finished with one readexactly."""
         cap, head = self.config.max_frame_bytes, L.FRAME_LEN
         hsize = head.size
-        metrics = self.metrics
         buf = b""
         while True:
             if len(buf) >= hsize:            # a frame whose length (checked) is known: its rest
@@ -362,8 +395,18 @@ class Transport:
                 if not chunk:
                     raise asyncio.IncompleteReadError(buf, None)
                 buf = buf + chunk if buf else chunk
-            pos, end = 0, len(buf)
-            view = memoryview(buf)
+            buf = self._handle_frames(sender, buf, cap)
+
+    def _handle_frames(self, sender: str, buf: bytes, cap: int) -> bytes:
+        """Hand every whole frame at the front of `buf` to on_message, then call on_received if
+        there was one; the bytes left (a frame not yet whole). FrameError or CodecError on a
+        length over `cap` or an undecodable payload."""
+        head = L.FRAME_LEN
+        hsize = head.size
+        pos, end = 0, len(buf)
+        view = memoryview(buf)
+        on_message, decode, n = self.on_message, codec.decode, 0
+        try:
             while end - pos >= hsize:
                 (length,) = head.unpack_from(buf, pos)
                 if length > cap:
@@ -371,11 +414,69 @@ class Transport:
                 stop = pos + hsize + length
                 if stop > end:
                     break
-                msg = codec.decode(view[pos + hsize:stop])
-                metrics["frames_received"] += 1
-                self.on_message(sender, msg)
+                msg = decode(view[pos + hsize:stop])
+                n += 1
+                on_message(sender, msg)
                 pos = stop
+        finally:
             view.release()
-            buf = buf[pos:]
-            if pos and self.on_received is not None:
-                self.on_received()
+            self.metrics["frames_received"] += n
+        if pos and self.on_received is not None:
+            self.on_received()
+        return buf[pos:] if pos else buf
+
+
+class _Receiver(asyncio.Protocol):
+    """The inbound side of one peer connection after its handshake (Transport._receive).
+
+    Bytes are kept only for a frame not yet whole: a short tail is joined with the next read;
+    a frame known to need many more reads collects them in a list, joined once (one copy of a
+    large push, not one per piece). A frame over the cap or one that does not decode ends the
+    connection, as it did read through a StreamReader: `done` carries the error to _serve."""
+
+    def __init__(self, owner: Transport, sender: str, done: asyncio.Future):
+        self.owner, self.sender, self.done = owner, sender, done
+        self.cap = owner.config.max_frame_bytes
+        self.transport: asyncio.BaseTransport | None = None
+        self.tail = b""                 # the start of a frame not yet whole
+        self.parts: list[bytes] = []    # or, for a frame needing many reads, its pieces so far
+        self.have = self.need = 0       # their bytes, and the whole frame's
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        if self.need:
+            self.parts.append(data)
+            self.have += len(data)
+            if self.have < self.need:
+                return
+            data, self.parts, self.have, self.need = b"".join(self.parts), [], 0, 0
+        elif self.tail:
+            data, self.tail = self.tail + data, b""
+        try:
+            rest = self.owner._handle_frames(self.sender, data, self.cap)
+        except Exception as e:  # noqa: BLE001 - bad framing, an undecodable frame, or a bug: _serve says which
+            self._end(e)
+            return
+        hsize = L.FRAME_LEN.size
+        if len(rest) >= hsize:
+            need = hsize + L.FRAME_LEN.unpack_from(rest, 0)[0]
+            if need - len(rest) > RECEIVE_CHUNK:
+                self.parts, self.have, self.need = [rest], len(rest), need
+                return
+        self.tail = rest
+
+    def eof_received(self) -> bool:
+        return False                    # close: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc if exc is not None else asyncio.IncompleteReadError(self.tail, None))
+
+    def _end(self, error: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(error)
+        if self.transport is not None:
+            self.transport.close()

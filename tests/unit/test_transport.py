@@ -1,6 +1,7 @@
 """Raft transport: frame cap checked before reading, garbage closes the connection,
 handshake rejects strangers, bounded send queue, reconnect after the peer restarts, frames
-read whole however the bytes arrive, and a send outside a Raft round still leaves.
+read whole however the bytes arrive (in the connection's own callback, plain or TLS), and a
+send outside a Raft round still leaves.
 
 Method: real loopback sockets; raw asyncio streams play the misbehaving peer.
 """
@@ -11,12 +12,14 @@ import asyncio
 import logging
 
 import msgpack
+import pytest
 
-from dledger import codec
+from dledger import codec, transport
 from dledger.messages import Append, Entry, EntryType, Heartbeat
 from dledger.transport import HANDSHAKE_MAGIC, PROTOCOL_VERSION, RECEIVE_CHUNK, Transport, TransportConfig, frame
 from mqstore.localcluster import free_port
 from node.store import layout as L
+from tests.integration.test_peer_security import pki  # noqa: F401 - fixture
 
 
 def hello(group="g", sender="n1") -> bytes:
@@ -65,9 +68,14 @@ def test_messages_flow_and_round_trip():
     asyncio.run(main())
 
 
-def test_frames_arrive_whole_however_the_bytes_are_cut():
+@pytest.mark.parametrize("reading", ["protocol", "stream reader"])
+def test_frames_arrive_whole_however_the_bytes_are_cut(reading, monkeypatch):
     """The receiver takes every whole frame of a read at once: frames packed into one write,
-    a frame cut at every byte, and a frame larger than one read all arrive, in order."""
+    a frame cut at every byte, and a frame larger than one read all arrive, in order. The
+    same through the StreamReader, read when its buffer cannot be taken over."""
+    if reading == "stream reader":
+        monkeypatch.setattr(transport, "_stream_buffer", lambda reader: None)
+
     async def main():
         got = []
         t, port, reader, writer = await listening_n0(got)
@@ -244,4 +252,93 @@ def test_on_received_follows_each_read_s_frames():
         assert events[3:] == [("msg", Heartbeat(3, "n1", 9)), ("received",)]
         writer.close()
         await t.stop()
+    asyncio.run(main())
+
+
+def test_regression_peer_frames_are_handled_in_the_connection_s_callback_not_a_task_turn():
+    """After the handshake a connection's frames go straight from the socket's read callback to
+    on_message and on_received. Read through a StreamReader, each read first woke the
+    connection's task, one loop turn later: every push a follower got and every ack the
+    leader got waited for that turn. Here no task runs the handling."""
+    async def main():
+        where = []
+        port = free_port()
+        t = Transport("n0", "g", ("127.0.0.1", port), {"n0": ("127.0.0.1", port), "n1": ("127.0.0.1", 1)},
+                      lambda s, m: where.append(("msg", asyncio.current_task())), TransportConfig(),
+                      on_received=lambda: where.append(("received", asyncio.current_task())))
+        await t.start()
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(hello())
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(codec.encode_frame(Heartbeat(3, "n1", 1)))
+        await writer.drain()
+        await until(lambda: len(where) == 2)
+        assert where == [("msg", None), ("received", None)]
+        writer.close()
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_frames_sent_with_the_handshake_and_then_eof_all_arrive():
+    """Bytes the handshake's reads left buffered are handled first, and an end of stream that
+    came with them ends the connection after them, quietly."""
+    async def main():
+        got = []
+        t, port, reader, writer = await listening_n0(got)
+        beats = [Heartbeat(2, "n1", i) for i in range(3)]
+        writer.write(hello() + b"".join(codec.encode_frame(m) for m in beats))
+        writer.write_eof()
+        await writer.drain()
+        await until(lambda: len(got) == 3)
+        assert [m for _s, m in got] == beats
+        assert await asyncio.wait_for(reader.read(), 2.0) == b""     # closed by the listener
+        await until(lambda: not t._inbound)
+        assert t.metrics["bad_frames"] == 0
+        writer.close()
+        await t.stop()
+    asyncio.run(main())
+
+
+def test_a_frame_over_the_cap_after_good_ones_closes_the_connection_and_keeps_those(caplog):
+    async def main():
+        got = []
+        t, port, reader, writer = await listening_n0(got, max_frame_bytes=1024)
+        writer.write(hello())
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(codec.encode_frame(Heartbeat(2, "n1", 1)) + L.FRAME_LEN.pack(4096) + b"x" * 10)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 2.0) == b""
+        assert got == [("n1", Heartbeat(2, "n1", 1))] and t.metrics["bad_frames"] == 1
+        writer.close()
+        await t.stop()
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(main())
+    assert "exceeds the cap" in caplog.text
+
+
+def test_peers_exchange_frames_over_mutual_tls(pki):
+    """The connection's handling moves to its own protocol on a TLS transport too."""
+    from node import tls
+    from node.peer_auth import PeerSecurity
+
+    async def main():
+        p0, p1 = free_port(), free_port()
+        peers = {"n0": ("127.0.0.1", p0), "n1": ("127.0.0.1", p1)}
+        sec = PeerSecurity(None, tls.server_context(pki["node"], pki["node"], pki["ca"]),
+                           tls.client_context(pki["ca"], pki["node"], pki["node"]))
+        got0, got1 = [], []
+        t0, t1 = make("n0", p0, peers, got0, security=sec), make("n1", p1, peers, got1, security=sec)
+        await t0.start()
+        await t1.start()
+        big = Append(2, "n0", 0, 0, tuple(Entry(i + 1, 2, EntryType.NORMAL, bytes([i % 256]) * 4000)
+                                          for i in range(200)), 0)
+        for _ in range(5):
+            t0.send("n1", big)
+        t1.send("n0", Heartbeat(2, "n1", 0))
+        await until(lambda: len(got1) == 5 and len(got0) == 1, timeout=5.0)
+        assert all(m == big for _s, m in got1) and got0 == [("n1", Heartbeat(2, "n1", 0))]
+        await t0.stop()
+        await t1.stop()
     asyncio.run(main())
