@@ -443,14 +443,17 @@ class DLedgerLog:
             self._check_room(len(bodies))
             first, last = self._propose(bodies)
         except CoreNotLeader as e:   # e.g. a leadership transfer in progress: nothing was proposed
+            self.node.wake()
             self._table.rewind(drafts, qoffs)
             raise NotLeader(str(e), leader=self.peer_api_addrs.get(e.leader) if e.leader else None) from None
         except (ProposalDropped, ReplicationBusy) as e:
+            self.node.wake()        # a chunk proposed before the one refused is persisted all the same
             self._table.rewind(drafts, qoffs)
             raise ReplicationBusy(str(e)) from None
         self._tail_pos = tail
         fut = asyncio.get_running_loop().create_future()
         self._pending.append(_Pending(first, last, self._writable_term, fut))
+        self.node.run_round()       # persisted and pushed now; its commit can resolve `fut`
         try:
             # The future itself, under asyncio.timeout: its commit wakes this task in the next
             # loop turn (wait_for over a shield took three), and a cancel always surfaces. On
@@ -518,7 +521,7 @@ class DLedgerLog:
         """Propose in core-sized chunks. Nothing can change the role between chunks (no await)."""
         first = last = -1
         for i in range(0, len(bodies), self.max_propose_entries):
-            f, last = self.node.propose(bodies[i:i + self.max_propose_entries])
+            f, last = self.node.propose(bodies[i:i + self.max_propose_entries], wake=False)
             first = f if first < 0 else first
         return first, last
 

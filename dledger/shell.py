@@ -1,8 +1,10 @@
 """RaftNode: the asyncio shell that drives one RaftCore.
 
-One task runs the core. Whenever something arrives (a peer message, a tick, a
-proposal), it feeds the core and then handles every Ready in the fixed order
-(etcd's RawNode usage, DESIGN 4):
+A round feeds the core what arrived (peer messages, ticks, proposals) and then handles
+every Ready in the fixed order (etcd's RawNode usage, DESIGN 4). Rounds run on the loop,
+never two at once: in the transport's read callback when peer messages arrive, in the
+proposer's own turn after a leader's proposal (`run_round`), and in the node's task for
+ticks and everything else:
 
     persist   reset / truncate (durable) -> append -> hard state (atomic meta)
               SYNC_FLUSH: entries count as persisted only once the group-commit
@@ -179,6 +181,7 @@ class RaftNode:
         self._clock_paused_until = 0.0               # monotonic; see the module docstring
         self._tasks: list[asyncio.Task] = []
         self._running = False
+        self._in_round = False                       # a round is under way (run_round must not nest)
         self._last_checkpoint = 0.0
         # SYNC_FLUSH group commit: set when written entries await an fsync; _durable_grew
         # when one finished and the core has not been told yet.
@@ -230,14 +233,26 @@ class RaftNode:
         self.store.close()
 
     # --- inputs ---------------------------------------------------------------------------
-    def propose(self, bodies: list[bytes], type: EntryType = EntryType.NORMAL) -> tuple[int, int]:
-        """Hand bodies to the core (raises core.NotLeader); the next round persists them."""
+    def propose(self, bodies: list[bytes], type: EntryType = EntryType.NORMAL, wake: bool = True) -> tuple[int, int]:
+        """Hand bodies to the core (raises core.NotLeader); the next round persists them. With
+        `wake=False` the caller runs that round itself (`run_round`)."""
         core = self._live_core()
         self.check_not_stalled()
         self._check_not_held()
         first, last = core.propose(bodies, type)
-        self._wake.set()
+        if wake:
+            self._wake.set()
         return first, last
+
+    def run_round(self) -> None:
+        """Run a round now, in the caller's loop turn (a leader's proposal is persisted and pushed
+        before the caller awaits its commit, instead of one loop turn later in the Raft task). A
+        round cannot run inside another (a listener's callback that proposes): then the Raft task
+        runs it next."""
+        if self._in_round or not self._running:
+            self._wake.set()
+            return
+        self._guarded_round()
 
     def transfer_leadership(self, target: str) -> None:
         core = self._live_core()
@@ -349,6 +364,7 @@ class RaftNode:
 
     def _guarded_round(self) -> bool:
         """One round; False once the node has died of it."""
+        self._in_round = True
         try:
             self._round()
         except StoreError as e:
@@ -361,6 +377,8 @@ class RaftNode:
             log.exception("raft %s: the Raft loop failed; stopping the node", self.node_id)
             self._die(e)
             return False
+        finally:
+            self._in_round = False
         return True
 
     def _round(self) -> None:

@@ -172,6 +172,72 @@ def test_a_round_writes_its_messages_before_the_listener_applies_its_commits(tmp
     asyncio.run(scenario())
 
 
+def test_regression_a_proposal_is_persisted_and_committed_in_the_proposer_s_loop_turn(tmp_path):
+    """DLedgerLog proposes with wake=False and runs the round itself (run_round): the entries
+    are written and pushed before the producer awaits its commit. Before, a proposal woke
+    the Raft task, and the round ran one loop turn later. A one-node group commits in that
+    same round."""
+    async def scenario():
+        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
+                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        events: list = []
+        node.listener = Recording(events)
+        await node.start()
+        try:
+            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
+            events.clear()
+            _first, last = node.propose([b"a", b"b"], wake=False)
+            assert store.last_index() < last
+            node.run_round()                           # no await between the proposal and this check
+            assert store.last_index() == last and node.core.commit_index == last
+            assert ("ready", last) in events
+        finally:
+            await node.stop()
+
+    asyncio.run(scenario())
+
+
+def test_run_round_from_inside_a_round_leaves_the_round_to_the_raft_task(tmp_path):
+    """A listener that proposes while a round hands it Readies cannot start a round inside that
+    one (the core holds an outstanding Ready): run_round wakes the Raft task instead, which
+    persists and commits the proposal in its next turn."""
+    class ProposingOnce(Recording):
+        def __init__(self, events):
+            super().__init__(events)
+            self.node, self.armed, self.proposed, self.persisted_at_once = None, False, None, None
+
+        def on_ready(self, ready):
+            super().on_ready(ready)
+            if self.armed:
+                self.armed = False
+                self.proposed = self.node.propose([b"inner"], wake=False)[1]
+                self.node.run_round()
+                self.persisted_at_once = self.node.store.last_index() >= self.proposed
+
+    async def scenario():
+        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
+                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        listener = ProposingOnce([])
+        listener.node = node
+        node.listener = listener
+        await node.start()
+        try:
+            await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
+            listener.armed = True
+            node.propose([b"outer"], wake=False)
+            node.run_round()
+            assert listener.proposed is not None and node.fatal is None
+            assert not listener.persisted_at_once      # no round ran inside the round
+            await _until(lambda: node.core.commit_index >= listener.proposed, tries=50)
+            assert node.core.commit_index >= listener.proposed and store.last_index() >= listener.proposed
+        finally:
+            await node.stop()
+
+    asyncio.run(scenario())
+
+
 class SlowMetaFileSystem(FileSystem):
     """write_atomic of the Raft meta file holds until `hold_s` has passed once armed: a meta
     write (two fsyncs) behind a background writer, which took up to 99 ms here."""
