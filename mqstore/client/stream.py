@@ -1,7 +1,8 @@
 """The client end of a node's produce stream (node/produce_stream.py, node/stream_frames.py).
 
 One `StreamConnection` per node: sends are written as SEND frames without waiting for
-earlier ones (the frames of one event-loop turn in one socket write), each awaits its own
+earlier ones (the frames of one event-loop turn in one socket write; a send with no other
+request in flight is written at once, as nothing could share its write), each awaits its own
 RESULT or ERROR by request id. `send()` answers the
 same `(status, doc)` an HTTP POST /topics/{topic}/messages would, so the transport treats
 both alike. At most `max_inflight` requests are unanswered at once (the node's own bound,
@@ -235,6 +236,9 @@ class StreamConnection(asyncio.Protocol):
             self._sweeper = loop.call_later(SWEEP_S, self._sweep)
         frame = self._encoder.frame(kind, rid, doc)
         if not self._out:
+            if len(self.pending) == 1:      # the only request in flight: nothing to batch it with, write now
+                self.transport.write(frame)
+                return fut
             loop.call_soon(self._flush)
         self._out.append(frame)
         self._out_bytes += len(frame)

@@ -481,3 +481,36 @@ def test_send_with_callback_reports_a_timeout_and_a_lost_connection_as_errors():
         assert kinds == {"short": asyncio.TimeoutError, "long": ConnectionResetError}, got
         server.close()
     asyncio.run(go())
+
+
+def test_regression_a_send_with_nothing_in_flight_is_written_at_once():
+    """A send that is the connection's only request has nothing to share a write with: it is
+    written before `send` returns. Before, it waited a loop turn for the batch flush, so
+    every one-at-a-time send paid that turn. Sends made while others are in flight are still
+    gathered into one write per turn."""
+    class Recording:
+        def __init__(self):
+            self.writes: list[bytes] = []
+
+        def write(self, data):
+            self.writes.append(bytes(data))
+
+        def close(self):
+            pass
+
+    async def go():
+        conn = StreamConnection()
+        t = Recording()
+        conn.connection_made(t)
+        conn.max_inflight = 64
+        first = conn.send("T", one())
+        assert len(t.writes) == 1                      # no loop turn has passed
+        more = [conn.send("T", one()) for _ in range(3)]
+        assert len(t.writes) == 1
+        await asyncio.sleep(0)
+        assert len(t.writes) == 2
+        frames = F.FrameReader(1 << 20).feed(t.writes[1])
+        assert [rid for _kind, rid, _p in frames] == [2, 3, 4]
+        for fut in (first, *more):
+            fut.cancel()
+    asyncio.run(go())
