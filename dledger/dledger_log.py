@@ -89,7 +89,41 @@ class _Pending:
     first: int
     last: int
     term: int
-    future: asyncio.Future
+    future: "asyncio.Future | _Waiter"
+
+
+class _Waiter:
+    """A pending append answered by a call instead of a future (`submit_packed`): the Future
+    methods `_pending` uses. `fn(error)` runs once, with None on commit, where the commit is
+    applied (in the Raft round), or with the error; after `timeout_s` with TimeoutError."""
+
+    __slots__ = ("fn", "_done", "_timer")
+
+    def __init__(self, fn: Callable[[BaseException | None], None], timeout_s: float):
+        self.fn, self._done = fn, False
+        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, _result: None) -> None:
+        self._finish(None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._finish(error)
+
+    def _expire(self) -> None:
+        self._finish(TimeoutError())
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._timer.cancel()
+        try:
+            self.fn(error)
+        except Exception:  # noqa: BLE001 - runs inside a Raft round: a caller's bug must not stop the node
+            log.exception("dledger: a send's completion failed")
 
 
 class DLedgerLog:
@@ -428,6 +462,53 @@ class DLedgerLog:
     async def append_packed(self, drafts: Sequence[MessageDraft]) -> tuple[PutStatus, int, list[tuple[int, int, int]]]:
         """`append` without a result object per message: the batch's status and store time,
         and `(physical_offset, size, queue_offset)` per draft (the broker's batched path)."""
+        if not drafts:
+            self._check_writable()
+            return PutStatus.SEND_OK, int(time.time() * 1000), []
+        fut = asyncio.get_running_loop().create_future()
+        now, results = self._submit(drafts, fut)
+        try:
+            # The future itself, under asyncio.timeout: its commit wakes this task in the next
+            # loop turn (wait_for over a shield took three), and a cancel always surfaces. On
+            # timeout the future is cancelled: _apply_commits skips it.
+            async with asyncio.timeout(self.append_timeout_s):
+                await fut
+        except TimeoutError:
+            return PutStatus.FLUSH_SLAVE_TIMEOUT, now, results
+        return PutStatus.SEND_OK, now, results
+
+    def submit_packed(self, drafts: Sequence[MessageDraft],
+                      on_done: Callable[[PutStatus | BaseException, int, list[tuple[int, int, int]]], None]) -> None:
+        """`append_packed` without a task: proposes now (raising what append_packed raises before
+        anything is proposed) and calls `on_done(status, store time, placed)` once, from the
+        Raft round that applies the commit, so the producer's answer leaves in the loop turn
+        the majority's ack arrived (awaiting a future took one more turn, and a task to start
+        another); `on_done(FLUSH_SLAVE_TIMEOUT, ...)` after append_timeout_s, or
+        `on_done(error, ...)` when the write is lost (leadership, truncation, store failure).
+        `on_done` runs inside the round: it must be short and must not propose."""
+        if not drafts:
+            raise ValueError("submit_packed needs at least one draft")
+        sent: list = []
+
+        def done(error: BaseException | None) -> None:
+            now, results = sent
+            if error is None:
+                on_done(PutStatus.SEND_OK, now, results)
+            elif isinstance(error, TimeoutError):
+                on_done(PutStatus.FLUSH_SLAVE_TIMEOUT, now, results)
+            else:
+                on_done(error, now, [])
+
+        waiter = _Waiter(done, self.append_timeout_s)
+        try:
+            # `sent` is filled before the round, which may complete the write at once (a group of one)
+            self._submit(drafts, waiter, before_round=lambda now, results: sent.extend((now, results)))
+        except BaseException:
+            waiter._done = True
+            waiter._timer.cancel()
+            raise
+
+    def _check_writable(self) -> None:
         if self.node.fatal is not None:
             raise StoreFatal(f"the DLedger store stopped: {self.node.fatal}")
         if not self.is_writable:
@@ -435,9 +516,13 @@ class DLedgerLog:
         if self.disk is not None:
             self.disk.check("sends refused until space returns")
         self.node.check_not_stalled()
+
+    def _submit(self, drafts: Sequence[MessageDraft], waiter: "asyncio.Future | _Waiter",
+                before_round: Callable[[int, list], None] | None = None) -> tuple[int, list[tuple[int, int, int]]]:
+        """Place, propose and register `drafts` (at least one) with `waiter`, then run the round
+        that persists and pushes them; (store time, placed). Raises before anything is proposed."""
+        self._check_writable()
         now = int(time.time() * 1000)
-        if not drafts:
-            return PutStatus.SEND_OK, now, []
         bodies, results, qoffs, tail = self._encode(drafts, now)
         try:
             self._check_room(len(bodies))
@@ -451,18 +536,11 @@ class DLedgerLog:
             self._table.rewind(drafts, qoffs)
             raise ReplicationBusy(str(e)) from None
         self._tail_pos = tail
-        fut = asyncio.get_running_loop().create_future()
-        self._pending.append(_Pending(first, last, self._writable_term, fut))
-        self.node.run_round()       # persisted and pushed now; its commit can resolve `fut`
-        try:
-            # The future itself, under asyncio.timeout: its commit wakes this task in the next
-            # loop turn (wait_for over a shield took three), and a cancel always surfaces. On
-            # timeout the future is cancelled: _apply_commits skips it.
-            async with asyncio.timeout(self.append_timeout_s):
-                await fut
-        except TimeoutError:
-            return PutStatus.FLUSH_SLAVE_TIMEOUT, now, results
-        return PutStatus.SEND_OK, now, results
+        self._pending.append(_Pending(first, last, self._writable_term, waiter))
+        if before_round is not None:
+            before_round(now, results)
+        self.node.run_round()       # persisted and pushed now; its commit can complete `waiter`
+        return now, results
 
     def _check_room(self, n: int) -> None:
         """Refuse, before anything is proposed, a batch the core would drop part-way through

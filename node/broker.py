@@ -179,6 +179,17 @@ def check_int(name: str, value: Any, lo: int, hi: int) -> int:
     return value
 
 
+def _check_writable_topic(cfg: TopicConfig) -> None:
+    if not cfg.perm & PERM_WRITE:
+        raise NoPermission(f"topic {cfg.topic!r} is not writable (perm {cfg.perm})")
+
+
+def _place(out: list, spans: list[tuple[int, int, int]], rows: list) -> None:
+    """Each accepted request's rows into its place in `out` (Broker._coalesce)."""
+    for at, first, n in spans:
+        out[at] = rows[first:first + n]
+
+
 async def wait_future(fut: asyncio.Future, timeout_s: float) -> bool:
     """Wait for `fut` up to `timeout_s`; True if it completed. A timer resolves it instead of
     asyncio.wait_for, whose 3.11 version can swallow a cancellation racing the timeout."""
@@ -741,6 +752,44 @@ class Broker:
         as atomic as a `send_rows` batch. An error of the topic or of the append itself is
         raised: it is every request's answer."""
         cfg = await self._topic_for_send(topic)
+        out, spans, drafts, body_bytes = self._coalesce(cfg, requests)
+        if drafts:
+            _place(out, spans, await self._append_rows(cfg, drafts, body_bytes))
+        return out
+
+    def submit_coalesced(self, topic: Any, requests: Sequence[Sequence[OutgoingMessage]],
+                         on_done: Callable[[list | BaseException], None]) -> bool:
+        """`send_coalesced` without a task, where the log proposes without one (DLedger's
+        `submit_packed`) and the topic exists; False, having done nothing, where it cannot (the
+        caller then awaits send_coalesced). `on_done` gets what send_coalesced would return, or
+        the error it would raise; it may run before this returns. An error found before the
+        append (the topic's name or permission, the log refusing) is raised here."""
+        submit = getattr(self.log, "submit_packed", None)
+        if submit is None:
+            return False
+        cfg = self.topics.get(check_user_topic(topic))
+        if cfg is None:
+            return False            # created first, which awaits
+        _check_writable_topic(cfg)
+        out, spans, drafts, body_bytes = self._coalesce(cfg, requests)
+        if not drafts:
+            on_done(out)
+            return True
+        t0 = time.monotonic()
+
+        def appended(status: Any, _ts: int, placed: list[tuple[int, int, int]]) -> None:
+            if isinstance(status, BaseException):
+                on_done(status)
+                return
+            _place(out, spans, self._appended(cfg, drafts, body_bytes, t0, itertools.repeat(status.value), placed))
+            on_done(out)
+        submit(drafts, appended)
+        return True
+
+    def _coalesce(self, cfg: TopicConfig, requests: Sequence[Sequence[OutgoingMessage]]):
+        """The requests' drafts as one batch: (answers so far, with each refused request's error
+        in its place; (answer index, first draft, drafts) per accepted request; the drafts;
+        their body bytes)."""
         now_ms = self.clock_ms()
         out: list[list[tuple[str, str, str, int, int]] | StoreError] = []
         spans: list[tuple[int, int, int]] = []     # (index in out, first draft, drafts)
@@ -756,11 +805,7 @@ class Broker:
             out.append([])
             drafts += ds
             body_bytes += nbytes
-        if drafts:
-            rows = await self._append_rows(cfg, drafts, body_bytes)
-            for at, first, n in spans:
-                out[at] = rows[first:first + n]
-        return out
+        return out, spans, drafts, body_bytes
 
     def _request_drafts(self, cfg: TopicConfig, messages: Sequence[OutgoingMessage],
                         now_ms: int) -> tuple[list[MessageDraft], int]:
@@ -783,6 +828,11 @@ class Broker:
             results = await self.log.append(drafts)
             statuses = [r.status.value for r in results]
             placed = [(r.physical_offset, r.size, r.queue_offset) for r in results]
+        return self._appended(cfg, drafts, body_bytes, t0, statuses, placed)
+
+    def _appended(self, cfg: TopicConfig, drafts: list[MessageDraft], body_bytes: int, t0: float, statuses: Any,
+                  placed: Sequence[tuple[int, int, int]]) -> list[tuple[str, str, str, int, int]]:
+        """The rows of an append that began at `t0` (monotonic), counted in the broker's figures."""
         t1 = time.monotonic()
         if t1 - t0 >= self._put_wait[0] or t1 - self._put_wait[1] > PUT_WAIT_WINDOW_S:
             self._put_wait = (t1 - t0, t1)
@@ -848,8 +898,7 @@ class Broker:
             if not self.config.auto_create_topic_enable:
                 raise TopicNotExist(f"topic {topic!r} does not exist (autoCreateTopicEnable=false)")
             cfg = await self.create_topic(topic)
-        if not cfg.perm & PERM_WRITE:
-            raise NoPermission(f"topic {topic!r} is not writable (perm {cfg.perm})")
+        _check_writable_topic(cfg)
         return cfg
 
     def _draft(self, cfg: TopicConfig, m: OutgoingMessage, i: int, default_qid: int,

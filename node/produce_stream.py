@@ -7,6 +7,8 @@ waiting (node/stream_frames.py); the node parses every frame that arrived in one
 appends the sends of each topic as one log batch (Broker.send_coalesced: each request is
 still checked and placed as its own batch) and writes their answers in one write when
 that batch is acked: committed in DLedger mode, as the flush and HA policy says otherwise.
+On a DLedger leader the batch is proposed in the read's own callback and answered from the
+Raft round that commits it (Broker.submit_coalesced): no task is started or resumed.
 
 Bounds: `maxStreamConnections` connections (closed on accept beyond it), a connection that
 sends no whole frame within 10 s closed, and one idle (nothing in flight, no frame) for 10
@@ -245,9 +247,10 @@ class StreamProtocol(asyncio.Protocol):
         self.server.frames_in += len(frames)
         for topic, requests in sends.items():
             self.inflight += len(requests)
-            task = asyncio.get_running_loop().create_task(self._send(topic, requests))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            if not self._submit(topic, requests):
+                task = asyncio.get_running_loop().create_task(self._send(topic, requests))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
         self._flow()
 
     def _hello(self, rid: int, payload: bytes, out: list[bytes]) -> bool:
@@ -299,31 +302,61 @@ class StreamProtocol(asyncio.Protocol):
             limits.REJECTIONS.add("message_size")
         return _error_frame(rid, e.code, str(e), e.http_status, e.retriable, self.server.leader_hint(e))
 
+    def _submit(self, topic: str, requests: list[tuple[int, list]]) -> bool:
+        """The requests appended without a task where the broker can (`submit_coalesced`, DLedger):
+        proposed in this callback, answered from the Raft round that commits them. False:
+        `_send` awaits them in a task instead."""
+        submit = getattr(self.server.broker, "submit_coalesced", None)
+        if submit is None:
+            return False
+        try:
+            return submit(topic, [m for _rid, m in requests], lambda got: self._answer(requests, got))
+        except StoreError as e:
+            self._answer(requests, e)
+        except Exception as e:  # noqa: BLE001 - the client gets INTERNAL_ERROR; the log gets the trace
+            log.exception("produce stream: a send to %s failed", topic)
+            self._answer(requests, e)
+        return True
+
     async def _send(self, topic: str, requests: list[tuple[int, list]]) -> None:
+        try:
+            got: Any = await self.server.broker.send_coalesced(topic, [m for _rid, m in requests])
+        except StoreError as e:
+            got = e
+        except Exception as e:  # noqa: BLE001 - the client gets INTERNAL_ERROR; the log gets the trace
+            log.exception("produce stream: a send to %s failed", topic)
+            got = e
+        self._answer(requests, got)
+
+    def _answer(self, requests: list[tuple[int, list]], got: Any) -> None:
+        """Write the requests' answers in one write: `got` is send_coalesced's list (rows or a
+        StoreError per request), or the error of them all. Never raises: it runs inside a Raft
+        round on the DLedger path."""
         srv = self.server
         try:
-            try:
-                outcomes: list[Any] = await srv.broker.send_coalesced(topic, [m for _rid, m in requests])
-            except StoreError as e:
-                outcomes = [e] * len(requests)
-            except Exception:  # noqa: BLE001 - the client gets INTERNAL_ERROR; the log gets the trace
-                log.exception("produce stream: a send to %s failed", topic)
+            if type(got) is list:
+                outcomes: list[Any] = got
+            elif isinstance(got, StoreError):
+                outcomes = [got] * len(requests)
+            else:
                 outcomes = [None] * len(requests)
             srv.batches += 1
             frames: list[bytes] = []
             add = frames.append
             encode, result = self.encoder.frame, F.RESULT
-            for (rid, _m), got in zip(requests, outcomes):
-                if type(got) is list:
+            for (rid, _m), one in zip(requests, outcomes):
+                if type(one) is list:
                     add(encode(result, rid, {"results": [
                         {"status": st, "msg_id": mid, "offset_msg_id": oid, "queue_id": qid, "queue_offset": qoff}
-                        for st, mid, oid, qid, qoff in got]}))
-                elif isinstance(got, StoreError):
-                    add(self._store_error(rid, got))
+                        for st, mid, oid, qid, qoff in one]}))
+                elif isinstance(one, StoreError):
+                    add(self._store_error(rid, one))
                 else:
                     add(_error_frame(rid, "INTERNAL_ERROR", "internal error; see the node's log", 500))
             if self.transport is not None:
                 self.transport.write(b"".join(frames))
+        except Exception:  # noqa: BLE001 - see the docstring; the connection's requests stay counted once
+            log.exception("produce stream: answering %d request(s) failed", len(requests))
         finally:
             self.inflight -= len(requests)
             self._flow()
