@@ -69,6 +69,7 @@ _REPLAY_BATCH_BYTES = 8 << 20
 _STARTUP_REPAIR_WAIT_S = 5.0     # start() waits this long for peers to repair what recovery found
 _DISK_WATCH_S = 1.0              # how often the disk's fill level is looked at without a write
 _HANDOVER_RETRY_S = 5.0          # a full leader tries one peer per this long
+WAITER_SWEEP_S = 0.05            # how often submitted writes are checked against their deadline
 _MSG_QID_AT = L.MESSAGE_FIELD_OFFSET["queue_id"]
 _MSG_QOFF_AT = L.MESSAGE_FIELD_OFFSET["queue_offset"]
 _MSG_BODYLEN_AT = L.MESSAGE_FIELD_OFFSET["body_len"]
@@ -95,13 +96,13 @@ class _Pending:
 class _Waiter:
     """A pending append answered by a call instead of a future (`submit_packed`): the Future
     methods `_pending` uses. `fn(error)` runs once, with None on commit, where the commit is
-    applied (in the Raft round), or with the error; after `timeout_s` with TimeoutError."""
+    applied (in the Raft round), or with the error; once `deadline` (monotonic) has passed,
+    DLedgerLog's sweep calls it with TimeoutError."""
 
-    __slots__ = ("fn", "_done", "_timer")
+    __slots__ = ("fn", "deadline", "_done")
 
-    def __init__(self, fn: Callable[[BaseException | None], None], timeout_s: float):
-        self.fn, self._done = fn, False
-        self._timer = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+    def __init__(self, fn: Callable[[BaseException | None], None], deadline: float):
+        self.fn, self.deadline, self._done = fn, deadline, False
 
     def done(self) -> bool:
         return self._done
@@ -112,14 +113,10 @@ class _Waiter:
     def set_exception(self, error: BaseException) -> None:
         self._finish(error)
 
-    def _expire(self) -> None:
-        self._finish(TimeoutError())
-
     def _finish(self, error: BaseException | None) -> None:
         if self._done:
             return
         self._done = True
-        self._timer.cancel()
         try:
             self.fn(error)
         except Exception:  # noqa: BLE001 - runs inside a Raft round: a caller's bug must not stop the node
@@ -167,6 +164,7 @@ class DLedgerLog:
         self._writable_term: int | None = None  # term in which this node accepts writes
         self._tail_pos = 0                      # leader: where the next proposed entry goes
         self._pending: collections.deque[_Pending] = collections.deque()
+        self._sweep_timer: asyncio.TimerHandle | None = None     # times out submitted writes (_sweep_waiters)
         self._commit_changed = asyncio.Event()
         self._role = Role.FOLLOWER
         self._leader_id: str | None = None
@@ -208,6 +206,9 @@ class DLedgerLog:
 
     async def stop(self) -> None:
         self._fail_pending(0, "node stopping")
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
         for task in (self._repair_task, self._disk_task):
             if task is not None:
                 task.cancel()
@@ -499,14 +500,28 @@ class DLedgerLog:
             else:
                 on_done(error, now, [])
 
-        waiter = _Waiter(done, self.append_timeout_s)
-        try:
-            # `sent` is filled before the round, which may complete the write at once (a group of one)
-            self._submit(drafts, waiter, before_round=lambda now, results: sent.extend((now, results)))
-        except BaseException:
-            waiter._done = True
-            waiter._timer.cancel()
-            raise
+        waiter = _Waiter(done, time.monotonic() + self.append_timeout_s)
+        # `sent` is filled before the round, which may complete the write at once (a group of one)
+        self._submit(drafts, waiter, before_round=lambda now, results: sent.extend((now, results)))
+        if self._sweep_timer is None and not waiter.done():
+            self._sweep_timer = asyncio.get_running_loop().call_later(WAITER_SWEEP_S, self._sweep_waiters)
+
+    def _sweep_waiters(self) -> None:
+        """Time out the submitted writes past their deadline (FLUSH_SLAVE_TIMEOUT); again every
+        WAITER_SWEEP_S while any is pending. One timer per log, not one per write. Deadlines
+        follow submission order, so the sweep stops at the first one still to come."""
+        self._sweep_timer = None
+        now, waiting = time.monotonic(), False
+        for p in list(self._pending):
+            w = p.future
+            if type(w) is not _Waiter or w.done():
+                continue
+            if w.deadline > now:
+                waiting = True
+                break
+            w.set_exception(TimeoutError())
+        if waiting:
+            self._sweep_timer = asyncio.get_running_loop().call_later(WAITER_SWEEP_S, self._sweep_waiters)
 
     def _check_writable(self) -> None:
         if self.node.fatal is not None:
