@@ -70,6 +70,7 @@ _STARTUP_REPAIR_WAIT_S = 5.0     # start() waits this long for peers to repair w
 _DISK_WATCH_S = 1.0              # how often the disk's fill level is looked at without a write
 _HANDOVER_RETRY_S = 5.0          # a full leader tries one peer per this long
 WAITER_SWEEP_S = 0.05            # how often submitted writes are checked against their deadline
+FOLLOWER_DISPATCH_LINGER_S = 0.005   # a follower dispatches what 5 ms of commits brought, as one batch
 _MSG_QID_AT = L.MESSAGE_FIELD_OFFSET["queue_id"]
 _MSG_QOFF_AT = L.MESSAGE_FIELD_OFFSET["queue_offset"]
 _MSG_BODYLEN_AT = L.MESSAGE_FIELD_OFFSET["body_len"]
@@ -814,6 +815,13 @@ class DLedgerLog:
     def _refuse_appends(self) -> str | None:
         """Why this follower must not store the leader's entries now (RaftNode.refuse_appends)."""
         return self.disk.reason() if self.disk is not None and self.disk.full() else None
+
+    @property
+    def dispatch_linger_s(self) -> float:
+        """A follower learns commits push by push (one message each when producers send one at
+        a time): its dispatcher gathers a few into one batch (node/store/dispatcher.py
+        LINGER_BELOW_BYTES). A leader's consume queues are its consumers': no wait there."""
+        return 0.0 if self._writable_term is not None else FOLLOWER_DISPATCH_LINGER_S
 
     @property
     def is_writable(self) -> bool:

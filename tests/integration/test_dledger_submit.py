@@ -98,3 +98,25 @@ def test_a_submitted_send_lost_with_the_leadership_is_answered_with_the_error(tm
         finally:
             await c.stop_all()
     asyncio.run(main())
+
+
+def test_followers_gather_commits_for_their_dispatcher_and_a_leader_does_not(tmp_path):
+    """A follower learns commits push by push; its dispatcher waits FOLLOWER_DISPATCH_LINGER_S
+    after a small commit so that one batch covers several (node/store/dispatcher.py). The
+    leader's consume queues serve its consumers: no wait, and none once a follower leads."""
+    from dledger.dledger_log import FOLLOWER_DISPATCH_LINGER_S
+
+    async def main():
+        c = Cluster(str(tmp_path))
+        await c.start_all()
+        try:
+            leader = await c.leader()
+            followers = [lg for lg in c.logs.values() if lg is not leader]
+            assert leader.dispatch_linger_s == 0.0
+            assert [f.dispatch_linger_s for f in followers] == [FOLLOWER_DISPATCH_LINGER_S] * 2
+            await leader.stop()
+            new = await c.leader(exclude={leader.node.node_id})
+            assert new.dispatch_linger_s == 0.0
+        finally:
+            await c.stop_all()
+    asyncio.run(main())
