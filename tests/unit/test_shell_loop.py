@@ -30,6 +30,13 @@ async def _until(cond, tries: int = 300) -> None:
         await asyncio.sleep(0.01)
 
 
+def one_node(tmp_path) -> RaftNode:
+    """A group of one on a free loopback port, ticking every 10 ms (not started)."""
+    store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
+    return RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
+                    ShellConfig(tick_ms=10), rng=random.Random(1))
+
+
 class Exploding:
     def __init__(self):
         self.armed = False
@@ -51,9 +58,7 @@ class Exploding:
 
 def test_a_failing_round_stops_the_node_instead_of_wedging_it(tmp_path):
     async def scenario():
-        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
-                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        node = one_node(tmp_path)
         listener = node.listener = Exploding()
         await node.start()
         try:
@@ -149,9 +154,7 @@ def test_a_round_writes_its_messages_before_the_listener_applies_its_commits(tmp
     """A follower's ack (or a leader's pushes) must not wait while the listener applies
     commits: each round flushes the transport first, then hands its Readies over in order."""
     async def scenario():
-        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
-                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        node = one_node(tmp_path)
         events: list = []
         node.listener = Recording(events)
         await node.start()
@@ -178,9 +181,7 @@ def test_regression_a_proposal_is_persisted_and_committed_in_the_proposer_s_loop
     the Raft task, and the round ran one loop turn later. A one-node group commits in that
     same round."""
     async def scenario():
-        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
-                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        node = one_node(tmp_path)
         events: list = []
         node.listener = Recording(events)
         await node.start()
@@ -188,9 +189,9 @@ def test_regression_a_proposal_is_persisted_and_committed_in_the_proposer_s_loop
             await _until(lambda: node.core.role.name == "LEADER" and node.core.commit_index >= node.core.last_index)
             events.clear()
             _first, last = node.propose([b"a", b"b"], wake=False)
-            assert store.last_index() < last
+            assert node.store.last_index() < last
             node.run_round()                           # no await between the proposal and this check
-            assert store.last_index() == last and node.core.commit_index == last
+            assert node.store.last_index() == last and node.core.commit_index == last
             assert ("ready", last) in events
         finally:
             await node.stop()
@@ -216,9 +217,7 @@ def test_run_round_from_inside_a_round_leaves_the_round_to_the_raft_task(tmp_pat
                 self.persisted_at_once = self.node.store.last_index() >= self.proposed
 
     async def scenario():
-        store = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=1 << 16, index_segment_size=32 * 64)
-        node = RaftNode("n0", "g", {"n0": ("127.0.0.1", free_port())}, store, RaftConfig(),
-                        ShellConfig(tick_ms=10), rng=random.Random(1))
+        node = one_node(tmp_path)
         listener = ProposingOnce([])
         listener.node = node
         node.listener = listener
@@ -231,7 +230,7 @@ def test_run_round_from_inside_a_round_leaves_the_round_to_the_raft_task(tmp_pat
             assert listener.proposed is not None and node.fatal is None
             assert not listener.persisted_at_once      # no round ran inside the round
             await _until(lambda: node.core.commit_index >= listener.proposed, tries=50)
-            assert node.core.commit_index >= listener.proposed and store.last_index() >= listener.proposed
+            assert node.core.commit_index >= listener.proposed and node.store.last_index() >= listener.proposed
         finally:
             await node.stop()
 
