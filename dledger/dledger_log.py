@@ -468,7 +468,8 @@ class DLedgerLog:
             self._check_writable()
             return PutStatus.SEND_OK, int(time.time() * 1000), []
         fut = asyncio.get_running_loop().create_future()
-        now, results = self._submit(drafts, fut)
+        now, results = self._propose_batch(drafts, fut)
+        self.node.run_round()       # persisted and pushed now; its commit can resolve `fut`
         try:
             # The future itself, under asyncio.timeout: its commit wakes this task in the next
             # loop turn (wait_for over a shield took three), and a cancel always surfaces. On
@@ -490,10 +491,10 @@ class DLedgerLog:
         `on_done` runs inside the round: it must be short and must not propose."""
         if not drafts:
             raise ValueError("submit_packed needs at least one draft")
-        sent: list = []
+        proposed: tuple[int, list[tuple[int, int, int]]] = (0, [])
 
         def done(error: BaseException | None) -> None:
-            now, results = sent
+            now, results = proposed
             if error is None:
                 on_done(PutStatus.SEND_OK, now, results)
             elif isinstance(error, TimeoutError):
@@ -502,8 +503,8 @@ class DLedgerLog:
                 on_done(error, now, [])
 
         waiter = _Waiter(done, time.monotonic() + self.append_timeout_s)
-        # `sent` is filled before the round, which may complete the write at once (a group of one)
-        self._submit(drafts, waiter, before_round=lambda now, results: sent.extend((now, results)))
+        proposed = self._propose_batch(drafts, waiter)
+        self.node.run_round()       # may complete the write at once (a group of one): `proposed` is set
         if self._sweep_timer is None and not waiter.done():
             self._sweep_timer = asyncio.get_running_loop().call_later(WAITER_SWEEP_S, self._sweep_waiters)
 
@@ -533,10 +534,10 @@ class DLedgerLog:
             self.disk.check("sends refused until space returns")
         self.node.check_not_stalled()
 
-    def _submit(self, drafts: Sequence[MessageDraft], waiter: "asyncio.Future | _Waiter",
-                before_round: Callable[[int, list], None] | None = None) -> tuple[int, list[tuple[int, int, int]]]:
-        """Place, propose and register `drafts` (at least one) with `waiter`, then run the round
-        that persists and pushes them; (store time, placed). Raises before anything is proposed."""
+    def _propose_batch(self, drafts: Sequence[MessageDraft],
+                       waiter: "asyncio.Future | _Waiter") -> tuple[int, list[tuple[int, int, int]]]:
+        """Place, propose and register `drafts` (at least one) with `waiter`; (store time, placed).
+        Raises before anything is proposed. The caller runs the round that persists them."""
         self._check_writable()
         now = int(time.time() * 1000)
         bodies, results, qoffs, tail = self._encode(drafts, now)
@@ -553,9 +554,6 @@ class DLedgerLog:
             raise ReplicationBusy(str(e)) from None
         self._tail_pos = tail
         self._pending.append(_Pending(first, last, self._writable_term, waiter))
-        if before_round is not None:
-            before_round(now, results)
-        self.node.run_round()       # persisted and pushed now; its commit can complete `waiter`
         return now, results
 
     def _check_room(self, n: int) -> None:
