@@ -32,6 +32,9 @@ acknowledged message, from /proc): it moves far less with other load than msg/s 
 comparing the per-request and batched cases shows what one HTTP request costs. From it
 come `leader_one_core_msgs_s` (the leader's CPU per message on one free core) and
 `group_all_cores_msgs_s` (the three nodes' CPU per message on all of this machine's cores).
+`page_cache_probe_start` / `_end` give what new page-cache pages cost this machine before and
+after the cases (bench_store.page_cache_probe): every stored message lands in new pages on
+each node, and on a VM that cost can change several-fold within one run.
 A leader change during a case is followed (NOT_LEADER hint) and counted in `leader_changes`;
 ERROR lines from the nodes' logs are attached as `node_errors_<flush>`.
 """
@@ -52,7 +55,7 @@ import aiohttp
 import msgpack
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bench_store import figure
+from bench.bench_store import figure, page_cache_probe
 from mqstore import localcluster as lc
 from mqstore.client.stream import StreamConnection
 from mqstore.localcluster import free_ports
@@ -712,7 +715,7 @@ def run(quick: bool = False, anchors: dict | None = None, cases: set[str] | None
     work = Path(tempfile.mkdtemp(prefix="mqbench-dledger-"))
     out: dict = {"load1_start": load1(), "body_bytes": BODY_BYTES,
                  "transports": "produce stream (SDK StreamConnection); *_http: aiohttp, msgpack bodies",
-                 "nodes": 3, "processes": True}
+                 "nodes": 3, "processes": True, "page_cache_probe_start": page_cache_probe(str(work))}
     try:
         wanted = [c for c in ("async_batched", "per_message_256", "one_at_a_time") if c in cases]
         if wanted:
@@ -727,6 +730,7 @@ def run(quick: bool = False, anchors: dict | None = None, cases: set[str] | None
         if "catch_up" in cases:
             _case(out, ["catch_up", "catch_up_producer"],
                   lambda: run_cluster(work / "catch_up", "ASYNC_FLUSH", lambda c: catch_up_case(c, quick)))
+        out["page_cache_probe_end"] = page_cache_probe(str(work))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["elapsed_s"] = round(time.monotonic() - t0, 1)

@@ -39,7 +39,7 @@ import tempfile
 import time
 
 from bench.bench_store import (HTTP_BATCH, HTTP_CONNECTIONS, MIB, _one_request, figure, free_port, http_produce,
-                               load1, proc_cpu_s, stream_produce)
+                               load1, page_cache_probe, proc_user_sys_s, stream_produce)
 from mqstore import localcluster as lc
 
 TOPIC = "HaBench"
@@ -159,10 +159,12 @@ class Target:
 def _produce(t: Target, transport: str, secs: float) -> dict:
     """One measured round; with a slave, the slave's CPU per message rides along, and the rate
     two cores allow at the round's CPU per message (node + slave + load generator)."""
-    s0 = proc_cpu_s(t.slave_pid) if t.slave_pid else 0.0
+    s0 = proc_user_sys_s(t.slave_pid) if t.slave_pid else (0.0, 0.0)
     r = t.produce(transport, secs, pid=t.pid)
     if t.slave_pid and r["msgs"]:
-        r["slave_cpu_us_per_msg"] = round((proc_cpu_s(t.slave_pid) - s0) / r["msgs"] * 1e6, 2)
+        s1 = proc_user_sys_s(t.slave_pid)
+        r["slave_cpu_us_per_msg"] = round((sum(s1) - sum(s0)) / r["msgs"] * 1e6, 2)
+        r["slave_sys_us_per_msg"] = round((s1[1] - s0[1]) / r["msgs"] * 1e6, 2)
     node, client = r.get("node_cpu_us_per_msg"), r.get("client_cpu_us_per_msg")
     if node and client is not None:
         r["two_core_bound_msgs_s"] = round(min(1e6 / node, 2e6 / (node + client + r.get("slave_cpu_us_per_msg", 0))))
@@ -184,7 +186,8 @@ def _median_round(rounds: list[dict]) -> dict:
     """The round with the median rate, plus every round's rate, p99 and load."""
     best = sorted(rounds, key=lambda r: r["msgs_s"])[len(rounds) // 2]
     out = dict(best)
-    out["rounds"] = [{"msgs_s": round(r["msgs_s"], 1), "p99_ms": r["p99_ms"], "load1": r["load1"]} for r in rounds]
+    out["rounds"] = [{"msgs_s": round(r["msgs_s"], 1), "p99_ms": r["p99_ms"], "load1": r["load1"],
+                      **{k: r[k] for k in ("node_sys_us_per_msg", "slave_sys_us_per_msg") if k in r}} for r in rounds]
     return out
 
 
@@ -304,7 +307,7 @@ def run(quick: bool, anchors: dict | None = None) -> dict:
     secs, rounds = (1.5, 3) if quick else (3.0, 5)
     out: dict = {"bench": "ha", "quick": quick, "load1_start": load1(), "batch_messages": HTTP_BATCH,
                  "connections": HTTP_CONNECTIONS, "message_body_bytes": 1024, "controllers": 1,
-                 "rounds": rounds, "round_s": secs}
+                 "rounds": rounds, "round_s": secs, "page_cache_probe_start": page_cache_probe(root)}
     figs: dict = {}
     sa = Procs(os.path.join(root, "sa"))
     groups: dict[str, Group] = {}
@@ -324,6 +327,7 @@ def run(quick: bool, anchors: dict | None = None) -> dict:
             for role, target in (("SYNC_MASTER", 0.80), ("ASYNC_MASTER", 0.95)):
                 figs.update(_ratio_figures(f"{role.lower()}_{transport}", f"standalone_{transport}", res[role],
                                            res["standalone"], target))
+        out["page_cache_probe_after_produce"] = page_cache_probe(root)
         sa.stop_all()
         disk = (anchors or {}).get("disk") or {}
         if disk:

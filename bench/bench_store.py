@@ -35,6 +35,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -57,6 +58,7 @@ from node.store.recovery import recover
 BODY_BYTES = 1024
 IP = b"\x7f\x00\x00\x01"
 MIB = 1024 * 1024
+GIB = 1024 * MIB
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NODE_READY_TIMEOUT_S = 30.0
 NODE_STOP_TIMEOUT_S = 15.0
@@ -224,9 +226,44 @@ class NodeProcess(lc.NodeProc):
 
 def proc_cpu_s(pid: int) -> float:
     """user + system CPU seconds of a process (Linux /proc), children not included."""
+    user, system = proc_user_sys_s(pid)
+    return user + system
+
+
+def proc_user_sys_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a process (Linux /proc), children not included."""
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+PAGE_PROBE_BYTES = 128 * MIB
+PAGE_PROBE_WRITE = MIB
+
+
+def page_cache_probe(directory: str) -> dict:
+    """What new page-cache pages cost on this machine right now: the system CPU of writing
+    PAGE_PROBE_BYTES of new file data in `directory` (no fsync; the file is removed after),
+    per GiB. Every message a node stores lands in new pages, so this cost is in each node's
+    system CPU per message. It is not constant: on a virtual machine whose memory the host
+    backs lazily, pages never touched since boot (or handed back to the host once freed)
+    cost several times more than reused ones, and a run's later rounds can pay it where its
+    first did not. Read the ratios with it."""
+    path = os.path.join(directory, f"page-probe-{os.getpid()}")
+    chunk = b"\x5a" * PAGE_PROBE_WRITE
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        t0, wall0 = resource.getrusage(resource.RUSAGE_THREAD).ru_stime, time.perf_counter()
+        for off in range(0, PAGE_PROBE_BYTES, PAGE_PROBE_WRITE):
+            os.pwrite(fd, chunk, off)
+        sys_s, wall_s = resource.getrusage(resource.RUSAGE_THREAD).ru_stime - t0, time.perf_counter() - wall0
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    per_gib = GIB / PAGE_PROBE_BYTES
+    return {"bytes": PAGE_PROBE_BYTES, "sys_s_per_gib": round(sys_s * per_gib, 3),
+            "wall_s_per_gib": round(wall_s * per_gib, 3), "load1": load1()}
 
 
 def loop_thread_sample(pid: int) -> tuple[float, float | None]:
@@ -382,7 +419,7 @@ async def _produce_loop(conns: list, send_batch: Callable[[Any], Awaitable[list]
     is not SEND_OK fails the case); acked msg/s, request latency percentiles, CPU per message."""
     acked = 0
     latencies: list[float] = []
-    node_cpu0, client_cpu0 = (proc_cpu_s(pid) if pid else 0.0), time.process_time()
+    node0, client_cpu0 = (proc_user_sys_s(pid) if pid else (0.0, 0.0)), time.process_time()
     loop0 = loop_thread_sample(pid) if pid else None
     start = time.perf_counter()
     deadline = start + seconds
@@ -404,8 +441,10 @@ async def _produce_loop(conns: list, send_batch: Callable[[Any], Awaitable[list]
             c.close()
     elapsed = time.perf_counter() - start
     latencies.sort()
+    node1 = proc_user_sys_s(pid) if pid else (0.0, 0.0)
     return {"msgs_s": acked / elapsed, "msgs": acked, "elapsed_s": round(elapsed, 3), "requests": len(latencies),
-            **cpu_facts(acked, (proc_cpu_s(pid) - node_cpu0) if pid else 0.0, time.process_time() - client_cpu0),
+            **cpu_facts(acked, sum(node1) - sum(node0), time.process_time() - client_cpu0),
+            **({"node_sys_us_per_msg": round((node1[1] - node0[1]) / acked * 1e6, 2)} if pid and acked else {}),
             **(loop_facts(acked, elapsed, loop0, loop_thread_sample(pid)) if loop0 else {}),
             "p50_ms": round(latencies[len(latencies) // 2] * 1000, 2) if latencies else None,
             "p99_ms": round(latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000, 2)
