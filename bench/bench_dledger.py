@@ -31,7 +31,8 @@ case also reports `cpu_us_per_msg` (CPU time of every node process and of the cl
 acknowledged message, from /proc): it moves far less with other load than msg/s does, and
 comparing the per-request and batched cases shows what one HTTP request costs. From it
 come `leader_one_core_msgs_s` (the leader's CPU per message on one free core) and
-`group_all_cores_msgs_s` (the three nodes' CPU per message on all of this machine's cores).
+`group_all_cores_msgs_s` (the three nodes' CPU per message on all of this machine's cores),
+and `nodes_sys_total`, the system part of the three nodes' CPU per message.
 `page_cache_probe_start` / `_end` give what new page-cache pages cost this machine before and
 after the cases (bench_store.page_cache_probe): every stored message lands in new pages on
 each node, and on a VM that cost can change several-fold within one run.
@@ -55,7 +56,7 @@ import aiohttp
 import msgpack
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.bench_store import figure, page_cache_probe
+from bench.bench_store import figure, page_cache_probe, proc_user_sys_s
 from mqstore import localcluster as lc
 from mqstore.client.stream import StreamConnection
 from mqstore.localcluster import free_ports
@@ -96,12 +97,19 @@ def load1() -> float:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc), 0.0 if it is gone."""
+    return sum(user_sys_seconds(pid))
+
+
+def sys_seconds(pid: int) -> float:
+    """System CPU time of a process so far, 0.0 if it is gone."""
+    return user_sys_seconds(pid)[1]
+
+
+def user_sys_seconds(pid: int) -> tuple[float, float]:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+        return proc_user_sys_s(pid)
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0, 0.0
 
 
 class CpuMeter:
@@ -114,6 +122,7 @@ class CpuMeter:
         self.procs = {("leader" if n is leader else f"follower_{n.node_id}"): n.proc.pid
                       for n in cluster.alive() if n.proc is not None}
         self.start = {k: cpu_seconds(p) for k, p in self.procs.items()}
+        self.sys0 = {k: sys_seconds(p) for k, p in self.procs.items()}
         self.client0 = time.process_time()
 
     def per_msg_us(self, msgs: int) -> dict:
@@ -125,6 +134,9 @@ class CpuMeter:
         # What the CPU per message allows when the load is not shared with anyone else: the
         # leader alone on one core, and the whole group (3 nodes, no client) on this machine's cores.
         out["nodes_total"] = round(nodes_us, 1)
+        # The system part carries new page-cache pages, whose cost can change within a run
+        # (bench_store.page_cache_probe).
+        out["nodes_sys_total"] = round(sum(sys_seconds(p) - self.sys0[k] for k, p in self.procs.items()) * 1e6 / msgs, 1)
         leader_us = out.get("leader") or 0.0
         out["leader_one_core_msgs_s"] = round(1e6 / leader_us) if leader_us else None
         out["group_all_cores_msgs_s"] = round((os.cpu_count() or 1) * 1e6 / nodes_us) if nodes_us else None
