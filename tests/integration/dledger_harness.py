@@ -5,7 +5,9 @@
   pair: a node only sends on its own outbound connection) passing through a
   `deploy.faultproxy` link named "n0>n1", so partitions can be set per direction.
 - `Workload`: client threads sending unique single-message requests, following the
-  NOT_LEADER hint, recording every attempt as acked / failed / unknown:
+  NOT_LEADER hint, recording every attempt as acked / failed / unknown. Over HTTP, or with
+  `stream_threads`, that many of the threads over the produce stream (the SDK's
+  StreamConnection, `_StreamSends`: the path a DLedger leader answers from its Raft round):
     acked    200 + SEND_OK: the message must be committed at the acked (queue, offset)
     failed   the node said so before anything was proposed (NOT_LEADER without "unknown",
              a full disk's 507, connection refused): the message must never become visible
@@ -25,6 +27,7 @@ that ignores SIGTERM then gets SIGUSR1 before the test fails.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import os
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 
 from deploy.faultproxy import ProxyHub
 from mqstore import localcluster as lc
+from mqstore.client.stream import StreamConnection, StreamRefused
 from mqstore.cluster import plan
 from mqstore.localcluster import free_ports
 from mqstore.localcluster import get_ok as try_http
@@ -106,6 +110,7 @@ class DLedgerCluster:
         # Every port free, none of plan()'s fixed ones: a group here must not collide with
         # `make run` or with another test's group on this machine.
         stream = dict(zip(ids, ports[2 * len(ids):]))
+        self.stream_ports = {f"127.0.0.1:{api[i]}": stream[i] for i in ids}     # by node API address
         # mqstore.cluster.plan writes the configs `mqstore cluster up` uses; ports are ours.
         specs = plan(root, "dledger", len(ids), 10911)
         self.links: dict[tuple[str, str], int] = {}
@@ -140,6 +145,10 @@ class DLedgerCluster:
     @property
     def apis(self) -> list[str]:
         return [n.api for n in self.nodes.values()]
+
+    def stream_port(self, api: str) -> int:
+        """The produce stream's port of the node at API address `api`."""
+        return self.stream_ports[api]
 
     def start(self, timeout_s: float = 30.0) -> None:
         for n in self.nodes.values():
@@ -273,6 +282,45 @@ class Attempt:
     detail: str = ""
 
 
+class _NotSent(Exception):
+    """The produce stream could not be opened: the request never left."""
+
+
+class _StreamSends:
+    """One workload thread's produce streams: a StreamConnection per node, on an event loop
+    of the thread's own, one request at a time (bounded by the request timeout)."""
+
+    def __init__(self, cluster: DLedgerCluster, timeout_s: float):
+        self.cluster, self.timeout_s = cluster, timeout_s
+        self.loop = asyncio.new_event_loop()
+        self.conns: dict[str, StreamConnection] = {}
+
+    def send(self, api: str, topic: str, doc: dict) -> tuple[int, dict]:
+        return self.loop.run_until_complete(self._send(api, topic, doc))
+
+    async def _send(self, api: str, topic: str, doc: dict) -> tuple[int, dict]:
+        conn = self.conns.get(api)
+        if conn is None or conn.closed:
+            try:
+                conn = self.conns[api] = await StreamConnection.open("127.0.0.1", self.cluster.stream_port(api),
+                                                                     timeout_s=self.timeout_s)
+            except (OSError, asyncio.TimeoutError, StreamRefused) as e:
+                self.conns.pop(api, None)
+                raise _NotSent(f"{type(e).__name__}: {e}") from e
+        try:
+            return await conn.send(topic, doc, self.timeout_s)
+        except BaseException:
+            conn.close()                 # a late answer must not meet the next request
+            self.conns.pop(api, None)
+            raise
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            conn.close()
+        self.loop.run_until_complete(asyncio.sleep(0))     # let the transports close
+        self.loop.close()
+
+
 @dataclass
 class Workload:
     """Client threads sending unique messages until stopped (bounded by max_attempts and max_s)."""
@@ -281,6 +329,7 @@ class Workload:
     topic: str = "Chaos"
     queues: int = 4
     threads: int = 3
+    stream_threads: int = 0        # the last this many threads send over the produce stream
     request_timeout_s: float = 2.0
     max_attempts: int = 20_000
     max_s: float = 120.0
@@ -317,6 +366,14 @@ class Workload:
             assert not w.is_alive(), "a workload thread did not stop"
 
     def _run(self, t: int) -> None:
+        streams = _StreamSends(self.cluster, self.request_timeout_s) if t >= self.threads - self.stream_threads else None
+        try:
+            self._sends(t, streams)
+        finally:
+            if streams is not None:
+                streams.close()
+
+    def _sends(self, t: int, streams: "_StreamSends | None") -> None:
         apis = self.cluster.apis
         by_api = {n.api: i for i, n in self.cluster.nodes.items()}
         current = t % len(apis)
@@ -326,9 +383,9 @@ class Workload:
                 if len(self.attempts) >= self.max_attempts:
                     return
             qid = seq % self.queues
-            a = Attempt(f"w{t}-{seq}", qid, by_api[apis[current]], time.monotonic())
+            a = Attempt(f"{'s' if streams else 'w'}{t}-{seq}", qid, by_api[apis[current]], time.monotonic())
             seq += 1
-            hint = self._send(apis[current], a)
+            hint = self._send(apis[current], a) if streams is None else self._send_stream(streams, apis[current], a)
             a.end = time.monotonic()
             with self._lock:
                 self.attempts.append(a)
@@ -355,6 +412,22 @@ class Workload:
         except (OSError, ValueError) as e:      # timeout, reset, broken pipe, half-read reply
             a.outcome, a.detail = UNKNOWN, f"transport: {type(e).__name__}: {e}"
             return None
+        return self._classify(a, status, doc)
+
+    def _send_stream(self, streams: "_StreamSends", api: str, a: Attempt) -> str | None:
+        """`_send` over the node's produce stream: the same classes from the same answers."""
+        msg = {"messages": [{"body": a.body, "queue_id": a.queue_id, "keys": a.body}]}
+        try:
+            status, doc = streams.send(api, self.topic, msg)
+        except _NotSent as e:                   # no connection, or refused at HELLO: nothing left
+            a.outcome, a.detail = FAILED, f"stream not open: {e}"
+            return None
+        except (OSError, asyncio.TimeoutError) as e:   # lost or timed out after the request left
+            a.outcome, a.detail = UNKNOWN, f"stream: {type(e).__name__}: {e}"
+            return None
+        return self._classify(a, status, doc)
+
+    def _classify(self, a: Attempt, status: int, doc: dict) -> str | None:
         if status == 200:
             r = doc["results"][0]
             if r["status"] == "SEND_OK":
@@ -387,6 +460,12 @@ class Workload:
             time.sleep(0.05)
         raise AssertionError(f"fewer than {n} acks after t={after:.2f} in {timeout_s} s:\n"
                              + self.cluster.describe() + "\n" + self.summary())
+
+    def acked_by_transport(self, after: float = 0.0) -> dict[str, int]:
+        """Acked attempts started at or after `after`, by how they were sent."""
+        c = collections.Counter("stream" if a.body.startswith("s") else "http" for a in self.snapshot()
+                                if a.outcome == ACKED and a.start >= after)
+        return {"http": c["http"], "stream": c["stream"]}
 
     def failover_s(self, fault_at: float) -> float | None:
         """Fault -> first ack of a request sent at or after the fault."""

@@ -22,8 +22,8 @@ rest between steps. Faults:
     kill_all  kill -9 of every node at once, then all started again (rare)
 
 Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
-unique messages throughout (dledger_harness.Workload), and a monitor polls each node's
-/cluster for the leader it claims to be.
+unique messages throughout (dledger_harness.Workload: two over HTTP, one over the produce
+stream), and a monitor polls each node's /cluster for the leader it claims to be.
 
 A thread commits a consumer group's offsets throughout (dledger_harness.OffsetCommits).
 
@@ -323,7 +323,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
     try:
         cluster = started_cluster(root, nodes, None if "disk" in off else DISK_MIB, "clock" not in off,
                                   "sync" not in off)
-        workload = Workload(cluster, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
+        workload = Workload(cluster, stream_threads=1, max_attempts=400_000, max_s=seconds + LIVENESS_S + 120)
         workload.create_topic()
         workload.start()
         workload.wait_acks(50)
@@ -338,6 +338,10 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         healed_at = time.monotonic()
         workload.wait_acks(50, after=healed_at, timeout_s=LIVENESS_S)
         liveness_s = workload.failover_s(healed_at)
+        while not all(workload.acked_by_transport(after=healed_at).values()):   # the stream thread too
+            assert time.monotonic() < healed_at + LIVENESS_S, \
+                f"a transport acked nothing after healing: {workload.acked_by_transport(after=healed_at)}"
+            time.sleep(0.05)
         workload.stop()
         offsets.stop()
         monitor.stop()
@@ -399,6 +403,7 @@ def seed_failed(e: BaseException, title: str, workload, monitor, nemesis, descri
 def run_figures(seed: int, nemesis: Nemesis, liveness_s: float | None, attempts: list) -> dict:
     return {"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
             "attempts": len(attempts),
+            "acked_over_stream": sum(1 for a in attempts if a.outcome == ACKED and a.body.startswith("s")),
             "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
                                                  if a.outcome != ACKED).most_common(6)),
             "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))}

@@ -39,7 +39,7 @@ def cluster(tmp_path):
 
 @pytest.fixture
 def workload(cluster):
-    w = Workload(cluster)
+    w = Workload(cluster, stream_threads=1)     # two threads over HTTP, one over the produce stream
     w.create_topic()
     w.start()
     try:
@@ -68,13 +68,16 @@ def finish(cluster: DLedgerCluster, workload: Workload, name: str, fault_at: flo
     """Stop the workload, wait for agreement, stop every process cleanly, check the stores."""
     failover = workload.failover_s(fault_at)
     workload.stop()
+    after_fault = workload.acked_by_transport(after=fault_at)
+    assert all(after_fault.values()), f"a transport acked nothing sent after the fault: {after_fault}"
     cluster.wait_converged()
     codes = cluster.stop_all("TERM")
     assert all(c == 0 for c in codes.values()), codes
     attempts = workload.snapshot()
     figures = verify_stores(cluster, attempts, workload.topic)
     assert failover is not None and failover < failover_bound_s, (failover, workload.summary())
-    figures.update({"failover_s": round(failover, 3), "attempts": len(attempts)}, **(extra or {}))
+    figures.update({"failover_s": round(failover, 3), "attempts": len(attempts),
+                    "acked_after_fault": after_fault}, **(extra or {}))
     record(name, figures)
     return figures
 
