@@ -240,6 +240,7 @@ async def serve(config: BrokerConfig, stop_event: asyncio.Event | None = None) -
         watchdog.start(loop)
     from node.store import cold_reads
     cold_reads.HOT_BYTES = config.cold_read_hot_bytes
+    cold_reads.RETAIN_BYTES = config.page_cache_retain_bytes
     broker = build_broker(config)
     broker.loop_watchdog = watchdog
     add_term_to_logs(broker)

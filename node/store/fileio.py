@@ -42,6 +42,7 @@ class FileHandle(Protocol):
     def pwrite(self, data: bytes | memoryview, offset: int) -> int: ...
     def pread(self, size: int, offset: int) -> bytes: ...
     def fsync(self) -> None: ...
+    def drop_cache(self, offset: int, size: int) -> None: ...
     def truncate(self, size: int) -> None: ...
     def size(self) -> int: ...
     def data_end(self, limit: int) -> int: ...
@@ -85,6 +86,10 @@ class OsFile:
 
     def fsync(self) -> None:
         os.fdatasync(self.fd)
+
+    def drop_cache(self, offset: int, size: int) -> None:
+        """Drop the OS page cache of [offset, offset + size) (clean pages only: flush first)."""
+        os.posix_fadvise(self.fd, offset, size, os.POSIX_FADV_DONTNEED)
 
     def truncate(self, size: int) -> None:
         os.ftruncate(self.fd, size)
@@ -380,6 +385,9 @@ class _FaultyFile:
             raise OSError(errno.EIO, f"injected EIO on fsync of {self.path}")
         self.inner.fsync()
         self.fs._undo.pop(self.path, None)
+
+    def drop_cache(self, offset: int, size: int) -> None:
+        self.inner.drop_cache(offset, size)
 
     def truncate(self, size: int) -> None:
         # Treated as durable at once: the store fsyncs right after every truncate it relies on.

@@ -115,6 +115,9 @@ class SegmentedFile:
         self._fetched: collections.deque[tuple[int, int, bytes, int, float]] = collections.deque()
         self._fetch_lock = threading.Lock()
         self._gen = 0
+        # Page-cache pages below this offset were dropped after a flush (cold_reads.RETAIN_BYTES).
+        self._uncached = 0
+        self._drop_failed = False
 
     # --- opening ------------------------------------------------------------------------
     def load(self) -> None:
@@ -311,7 +314,32 @@ class SegmentedFile:
                 raise StoreFatal(f"fsync failed in {self.directory}: {e}; stopping (no retry after a failed fsync)") \
                     from e
             self.flushed = end
+            self._drop_cached(end)
             return end
+
+    def _drop_cached(self, flushed: int) -> None:
+        """Under `_io`, after a flush: drop the page cache of the flushed bytes more than
+        cold_reads.RETAIN_BYTES (never less than HOT_BYTES) behind `flushed`, once
+        DROP_STEP_BYTES of them have gathered. A failure is logged once and never raised:
+        the pages then stay, as the kernel decides."""
+        keep = cold_reads.RETAIN_BYTES
+        if keep <= 0 or self._drop_failed:
+            return
+        upto = flushed - max(keep, cold_reads.HOT_BYTES)
+        lo = max(self._uncached, self.start)
+        if upto - lo < cold_reads.DROP_STEP_BYTES:
+            return
+        for seg in self.segments[max(0, bisect.bisect_right(self._bases, lo) - 1):]:
+            if seg.base >= upto:
+                break
+            a, b = max(lo, seg.base), min(upto, seg.base + seg.capacity)
+            try:
+                seg.handle.drop_cache(a - seg.base, b - a)
+            except OSError as e:
+                self._drop_failed = True
+                log.warning("%s: cannot drop flushed pages from the page cache (%r); keeping them", self.directory, e)
+                return
+        self._uncached = upto
 
     def mark_unflushed(self, offset: int) -> None:
         """Bytes at `offset` were rewritten in place: the next flush fsyncs from there."""
@@ -352,6 +380,7 @@ class SegmentedFile:
         if removed:
             self._names.sync_now(files_remain=bool(self.segments))
         self.flushed = min(self.flushed, self.end)
+        self._uncached = min(self._uncached, self.end)
         return TruncateReport(offset, zeroed, removed)
 
     def delete_head(self, upto_offset: int) -> list[str]:
@@ -410,7 +439,7 @@ class SegmentedFile:
         self._names.sync_now(files_remain=False)
         seg = self._create(self.first_file_start(offset))
         seg.write_pos = offset - seg.base
-        self.flushed = offset
+        self.flushed = self._uncached = offset
 
     def close(self) -> None:
         self.forget_fetched()

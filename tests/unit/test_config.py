@@ -77,6 +77,7 @@ def test_unknown_keys_warn_not_fail():
     ("mappedFileSizeCommitLog", "1048576", "mappedFileSizeCommitLog: must exceed maxMessageSize"),
     ("maxRequestBytes", "1000", "maxRequestBytes: must be >="),
     ("brokerName", "a b", "brokerName: must be"),
+    ("pageCacheRetainBytes", "1048576", "pageCacheRetainBytes: must be 0 or coldReadHotBytes"),
 ])
 def test_validation_names_the_bad_key(key, value, message):
     with pytest.raises(ConfigError) as ei:
