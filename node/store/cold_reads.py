@@ -23,12 +23,12 @@ expiry, a reset, an in-place repair) drops the file's fetched bytes.
 
 With `pageCacheRetainBytes` (RETAIN_BYTES, at least HOT_BYTES) a file set's flush also drops
 the page cache of its flushed bytes more than RETAIN_BYTES behind its end (posix_fadvise
-DONTNEED, on the flusher's thread, DROP_STEP_BYTES at a time): the node's page cache stays
-bounded and its writes take the pages it freed. On a VM whose host backs guest memory lazily
-and takes back what the guest frees, a page never touched (or freed a while ago) costs about
-ten times the system CPU of a reused one: writing new file data took 2.4-2.9 s of system CPU
-per GiB here once the recently freed pages were used up, against 0.19-0.25 s per GiB with the
-tail bounded at 256 MiB.
+DONTNEED, on the flusher's thread, a quarter of the tail or DROP_STEP_BYTES at a time): the
+node's page cache stays bounded and its writes take the pages it freed. On a VM whose host
+backs guest memory lazily and takes back what the guest frees, a page never touched (or freed
+a while ago) costs about ten times the system CPU of a reused one: writing new file data took
+2.4-2.9 s of system CPU per GiB here once the recently freed pages were used up, against
+0.19-0.25 s per GiB with the tail bounded at 256 MiB.
 
 Asking the kernel instead (cachestat(2) for residency, then preadv2 with RWF_NOWAIT) was tried
 first and is not enough: a page counted as cached may still be under a readahead's I/O, and
@@ -58,7 +58,7 @@ FETCH_SLOT_BYTES = 16 << 20 # and at most this many bytes of them
 FETCH_SLOT_TTL_S = 5.0      # a fetched range older than this is dropped (its memory freed) at the next lookup
 HOT_BYTES = 64 << 20        # reads this close to a file set's end are taken as cached, made on the loop (coldReadHotBytes)
 RETAIN_BYTES = 0            # flushed bytes kept in the page cache behind a file set's end; 0: all (pageCacheRetainBytes)
-DROP_STEP_BYTES = 32 << 20  # a flush drops cached pages only once this many more are past the retained tail
+DROP_STEP_BYTES = 32 << 20  # a flush drops cached pages once a quarter of the tail, at most this, is past it
 
 
 class DiskWait(Exception):

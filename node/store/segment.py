@@ -319,15 +319,16 @@ class SegmentedFile:
 
     def _drop_cached(self, flushed: int) -> None:
         """Under `_io`, after a flush: drop the page cache of the flushed bytes more than
-        cold_reads.RETAIN_BYTES (never less than HOT_BYTES) behind `flushed`, once
-        DROP_STEP_BYTES of them have gathered. A failure is logged once and never raised:
-        the pages then stay, as the kernel decides."""
+        cold_reads.RETAIN_BYTES (never less than HOT_BYTES) behind `flushed`, once a step of
+        them has gathered (a quarter of the tail, at most DROP_STEP_BYTES). A failure is
+        logged once and never raised: the pages then stay, as the kernel decides."""
         keep = cold_reads.RETAIN_BYTES
         if keep <= 0 or self._drop_failed:
             return
-        upto = flushed - max(keep, cold_reads.HOT_BYTES)
+        keep = max(keep, cold_reads.HOT_BYTES)
+        upto = flushed - keep
         lo = max(self._uncached, self.start)
-        if upto - lo < cold_reads.DROP_STEP_BYTES:
+        if upto - lo < min(cold_reads.DROP_STEP_BYTES, max(1, keep // 4)):
             return
         for seg in self.segments[max(0, bisect.bisect_right(self._bases, lo) - 1):]:
             if seg.base >= upto:

@@ -57,10 +57,10 @@ def test_a_flush_drops_the_flushed_pages_beyond_the_retained_tail_a_step_at_a_ti
     assert fs.drops == []                                  # nothing is dropped before it is flushed
     sf.flush()
     assert fs.drops == [(0, 100), (100, 100), (200, 100), (300, 50)]    # up to 500 - 150
-    _write(sf, 50)
+    _write(sf, 30)
     sf.flush()
-    assert len(fs.drops) == 4                              # 50 more past the tail: less than a step
-    _write(sf, 100)
+    assert len(fs.drops) == 4                              # 30 more past the tail: less than a step (150 / 4)
+    _write(sf, 120)
     sf.flush()
     assert fs.drops[4:] == [(350, 50), (400, 100)]         # up to 650 - 150
     assert sf.read(0, 100) == b"x" * 100                   # dropped bytes read back from the disk
