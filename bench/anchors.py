@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from bench.bench_store import page_cache_probe
 from mqstore.localcluster import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -737,6 +738,9 @@ def run_anchors(quick: bool = False, only: Iterable[str] | None = None,
         except Exception as exc:  # one anchor failing must not lose the others
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         results[name]["elapsed_s"] = round(time.monotonic() - start, 2)
+        # Which machine the anchor ran on: new page-cache pages cost ten times more once the
+        # VM's host has taken its free memory back (bench_store.page_cache_probe).
+        results[name]["page_cache_probe_after"] = page_cache_probe(dir or tempfile.gettempdir())
         print(f"bench: anchor {name} done in {results[name]['elapsed_s']} s", file=sys.stderr)
     return results
 
