@@ -343,10 +343,12 @@ class SegmentedFile:
         self._uncached = upto
 
     def mark_unflushed(self, offset: int) -> None:
-        """Bytes at `offset` were rewritten in place: the next flush fsyncs from there."""
+        """Bytes at `offset` were rewritten in place: the next flush fsyncs from there (and
+        drops their pages again if they are behind the retained tail)."""
         self.forget_fetched()
         with self._io:
             self.flushed = min(self.flushed, offset)
+            self._uncached = min(self._uncached, offset)
 
     def truncate(self, offset: int) -> TruncateReport:
         """Durably drop every byte at or past `offset` (zeroed, later files deleted)."""

@@ -106,3 +106,16 @@ def test_a_failing_drop_is_logged_once_and_the_flush_still_succeeds(tmp_path, sp
     _write(sf, 200)
     assert sf.flush() == 700
     assert [r.levelname for r in caplog.records if "page cache" in r.getMessage()] == ["WARNING"]
+
+
+def test_bytes_rewritten_in_place_behind_the_tail_are_dropped_again_after_their_flush(tmp_path, spans):
+    fs = _Recording()
+    sf = SegmentedFile(fs, str(tmp_path), SEG)
+    _write(sf, 500)
+    sf.flush()
+    fs.drops.clear()
+    sf.segment_for(100).handle.pwrite(b"r" * 10, 20)      # a repair in place at 120
+    sf.mark_unflushed(120)
+    sf.flush()
+    assert fs.drops == [(120, 80), (200, 100), (300, 50)]
+    assert sf.read(120, 10) == b"r" * 10
