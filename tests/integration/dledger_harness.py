@@ -462,10 +462,11 @@ class Workload:
                              + self.cluster.describe() + "\n" + self.summary())
 
     def acked_by_transport(self, after: float = 0.0) -> dict[str, int]:
-        """Acked attempts started at or after `after`, by how they were sent."""
+        """Acked attempts started at or after `after`, for each transport some thread sends on."""
+        used = (["http"] if self.threads > self.stream_threads else []) + (["stream"] if self.stream_threads else [])
         c = collections.Counter("stream" if a.body.startswith("s") else "http" for a in self.snapshot()
                                 if a.outcome == ACKED and a.start >= after)
-        return {"http": c["http"], "stream": c["stream"]}
+        return {t: c[t] for t in used}
 
     def failover_s(self, fault_at: float) -> float | None:
         """Fault -> first ack of a request sent at or after the fault."""
