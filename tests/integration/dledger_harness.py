@@ -468,6 +468,16 @@ class Workload:
                                 if a.outcome == ACKED and a.start >= after)
         return {t: c[t] for t in used}
 
+    def wait_each_transport_acks(self, after: float, timeout_s: float) -> dict[str, int]:
+        """Wait until every transport in use has an ack of an attempt started at or after
+        `after` (a stream thread may first sit out a timeout on a stopped node); the counts."""
+        deadline = time.monotonic() + timeout_s
+        while not all((got := self.acked_by_transport(after)).values()):
+            assert time.monotonic() < deadline, \
+                f"a transport acked nothing sent after t={after:.2f} in {timeout_s} s: {got}\n{self.summary()}"
+            time.sleep(0.05)
+        return got
+
     def failover_s(self, fault_at: float) -> float | None:
         """Fault -> first ack of a request sent at or after the fault."""
         acks = [a.end for a in self.snapshot() if a.outcome == ACKED and a.start >= fault_at]

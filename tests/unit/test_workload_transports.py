@@ -32,3 +32,14 @@ def test_a_mixed_workload_counts_each_transport_after_the_moment():
 
 def test_a_stream_only_workload_names_only_the_stream():
     assert _workload(3).acked_by_transport(after=0.0) == {"stream": 1}
+
+
+def test_waiting_for_each_transport_returns_the_counts_or_fails_at_the_bound():
+    w = _workload(1)
+    assert w.wait_each_transport_acks(after=2.0, timeout_s=1.0) == {"http": 1, "stream": 1}
+    try:
+        w.wait_each_transport_acks(after=5.5, timeout_s=0.1)      # no HTTP ack after 5.5
+    except AssertionError as e:
+        assert "{'http': 0, 'stream': 1}" in str(e)
+    else:
+        raise AssertionError("waited past its bound")
