@@ -129,18 +129,17 @@ def _wait_port(port: int, deadline: float) -> bool:
 # disk
 
 
-def _seq_write_mb_s(path: Path, size_mib: int, sync: bool = True) -> float:
+def _seq_write_mb_s(path: Path, size_mib: int) -> float:
     """1 MiB writes into a new file, one fdatasync at the end, timed including that fdatasync
-    (otherwise we would measure the page cache, not the disk). `sync=False` measures the page
-    cache: how fast it takes new data."""
+    (otherwise we would measure the page cache, not the disk; bench_store.page_cache_probe
+    measures that)."""
     buf = os.urandom(MIB)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         start = time.perf_counter()
         for _ in range(size_mib):
             os.write(fd, buf)
-        if sync:
-            os.fdatasync(fd)
+        os.fdatasync(fd)
         elapsed = time.perf_counter() - start
     finally:
         os.close(fd)
@@ -199,13 +198,10 @@ def _page_cache_writes(work: Path, size_mib: int, idle_s: float) -> dict:
     the 2-core VM these benchmarks were tuned on, about the same at others. Every log write
     into new page cache pays that, so a node's CPU per message moves with it; the two rates
     say which case a run met."""
-    _seq_write_mb_s(work / "a.bin", size_mib, sync=False)
-    (work / "a.bin").unlink()
-    reused = _seq_write_mb_s(work / "b.bin", size_mib, sync=False)
-    (work / "b.bin").unlink()
+    page_cache_probe(str(work), size_mib * MIB)           # its file, removed, frees the memory
+    reused = page_cache_probe(str(work), size_mib * MIB)["write_mib_s"]
     time.sleep(idle_s)
-    after_idle = _seq_write_mb_s(work / "c.bin", size_mib, sync=False)
-    (work / "c.bin").unlink()
+    after_idle = page_cache_probe(str(work), size_mib * MIB)["write_mib_s"]
     return {"page_write_reused_mb_s": reused, "page_write_after_idle_mb_s": after_idle,
             "page_write_idle_s": idle_s, "page_write_mib": size_mib}
 

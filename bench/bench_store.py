@@ -242,28 +242,29 @@ PAGE_PROBE_BYTES = 128 * MIB
 PAGE_PROBE_WRITE = MIB
 
 
-def page_cache_probe(directory: str) -> dict:
+def page_cache_probe(directory: str, size: int | None = None) -> dict:
     """What new page-cache pages cost on this machine right now: the system CPU of writing
-    PAGE_PROBE_BYTES of new file data in `directory` (no fsync; the file is removed after),
-    per GiB. Every message a node stores lands in new pages, so this cost is in each node's
+    `size` (PAGE_PROBE_BYTES) of new file data in `directory` (no fsync; the file is removed
+    after), per GiB, and the write rate. Every message a node stores lands in new pages, so this cost is in each node's
     system CPU per message. It is not constant: on a virtual machine whose memory the host
     backs lazily, pages never touched since boot (or handed back to the host once freed)
     cost several times more than reused ones, and a run's later rounds can pay it where its
     first did not. Read the ratios with it."""
+    size = size or PAGE_PROBE_BYTES
     path = os.path.join(directory, f"page-probe-{os.getpid()}")
     chunk = b"\x5a" * PAGE_PROBE_WRITE
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         t0, wall0 = resource.getrusage(resource.RUSAGE_THREAD).ru_stime, time.perf_counter()
-        for off in range(0, PAGE_PROBE_BYTES, PAGE_PROBE_WRITE):
+        for off in range(0, size, PAGE_PROBE_WRITE):
             os.pwrite(fd, chunk, off)
         sys_s, wall_s = resource.getrusage(resource.RUSAGE_THREAD).ru_stime - t0, time.perf_counter() - wall0
     finally:
         os.close(fd)
         os.unlink(path)
-    per_gib = GIB / PAGE_PROBE_BYTES
-    return {"bytes": PAGE_PROBE_BYTES, "sys_s_per_gib": round(sys_s * per_gib, 3),
-            "wall_s_per_gib": round(wall_s * per_gib, 3), "load1": load1()}
+    per_gib = GIB / size
+    return {"bytes": size, "sys_s_per_gib": round(sys_s * per_gib, 3), "wall_s_per_gib": round(wall_s * per_gib, 3),
+            "write_mib_s": round(size / MIB / wall_s, 1), "load1": load1()}
 
 
 def loop_thread_sample(pid: int) -> tuple[float, float | None]:

@@ -281,6 +281,11 @@ class Attempt:
     commitlog_offset: int | None = None
     detail: str = ""
 
+    @property
+    def transport(self) -> str:
+        """How it was sent: a produce-stream thread names its bodies "s<thread>-<seq>"."""
+        return "stream" if self.body.startswith("s") else "http"
+
 
 class _NotSent(Exception):
     """The produce stream could not be opened: the request never left."""
@@ -464,8 +469,7 @@ class Workload:
     def acked_by_transport(self, after: float = 0.0) -> dict[str, int]:
         """Acked attempts started at or after `after`, for each transport some thread sends on."""
         used = (["http"] if self.threads > self.stream_threads else []) + (["stream"] if self.stream_threads else [])
-        c = collections.Counter("stream" if a.body.startswith("s") else "http" for a in self.snapshot()
-                                if a.outcome == ACKED and a.start >= after)
+        c = collections.Counter(a.transport for a in self.snapshot() if a.outcome == ACKED and a.start >= after)
         return {t: c[t] for t in used}
 
     def wait_each_transport_acks(self, after: float, timeout_s: float) -> dict[str, int]:

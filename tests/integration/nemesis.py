@@ -400,7 +400,7 @@ def seed_failed(e: BaseException, title: str, workload, monitor, nemesis, descri
 def run_figures(seed: int, nemesis: Nemesis, liveness_s: float | None, attempts: list) -> dict:
     return {"seed": seed, "steps": len(nemesis.applied), "liveness_s": round(liveness_s or 0.0, 3),
             "attempts": len(attempts),
-            "acked_over_stream": sum(1 for a in attempts if a.outcome == ACKED and a.body.startswith("s")),
+            "acked_over_stream": sum(1 for a in attempts if a.outcome == ACKED and a.transport == "stream"),
             "non_acks": dict(collections.Counter(a.detail.split(":")[0] for a in attempts
                                                  if a.outcome != ACKED).most_common(6)),
             "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))}
