@@ -100,6 +100,17 @@ class IndexRecord:
         return self.pos + self.size
 
 
+@dataclass(frozen=True, slots=True)
+class NewBase:
+    """A compaction's new base: entry `index` (of `term`, at `base_entry_pos`), after which
+    the log starts at `pos`, with the broker's state as of it."""
+    index: int
+    term: int
+    base_entry_pos: int
+    pos: int
+    app_state: bytes
+
+
 @dataclass(slots=True)
 class Meta:
     term: int = 0
@@ -196,6 +207,10 @@ class EntryStore:
         # set_hard_state across its change, write and revert: no write interleaves with another,
         # and none encodes a term or vote that set_hard_state is about to take back.
         self._meta_lock = threading.RLock()
+        # A compaction's base (meta's base_* fields) from its write_base on: every meta write
+        # names it, also one on another thread before cut_below_base takes it in memory. A
+        # reset clears it.
+        self._pending_base: dict | None = None
 
     # --- RaftStorage ----------------------------------------------------------------
     def initial_state(self) -> HardState:
@@ -548,11 +563,13 @@ class EntryStore:
         m = self.meta
         pos = base_pos if base_pos is not None else self._end_pos
         self._write_base_state(base_index, pos, app)
-        m.base_index, m.base_term, m.base_chain = base_index, base_term, 0
-        m.base_pos = pos
-        m.checkpoint_index = max(m.checkpoint_index, base_index)
-        m.committed = max(m.committed, base_index)
-        self._write_meta()
+        with self._meta_lock:          # a compaction's pending base is replaced, in one write
+            self._pending_base = None
+            m.base_index, m.base_term, m.base_chain = base_index, base_term, 0
+            m.base_pos = pos
+            m.checkpoint_index = max(m.checkpoint_index, base_index)
+            m.committed = max(m.committed, base_index)
+            self._write_meta()
         self.base_app_state = app
         self._remove_stale_states()
         self.data.reset_to(m.base_pos)
@@ -568,34 +585,67 @@ class EntryStore:
     def compact_to(self, base_index: int, app_state: bytes) -> list[str]:
         """Retention: forget entries <= base_index, which must be committed and fsynced, with
         at least one entry after them; `app_state` is the broker's state as of base_index.
+        Whole data and index files below the new base go; returns their paths.
 
-        The state file, then meta (the new base) are written before any file is deleted:
-        a crash in between recovers to the new base and removes the files below it. Whole
-        data and index files below the new base go; returns their paths."""
-        with self.flush_lock:
-            m = self.meta
-            if base_index <= m.base_index:
-                return []
-            if not (base_index < self._last_index and base_index <= self._flushed_index
-                    and base_index <= m.durable_mark):
-                raise ValueError(f"compact_to({base_index}): only committed, fsynced entries with one after them "
-                                 f"(last {self._last_index}, fsynced {self._flushed_index}, durable {m.durable_mark})")
-            base, nxt = self.entry_at(base_index), self.entry_at(base_index + 1)
-            chain = int.from_bytes(self.data.read(base.pos + _CHAIN_AT, 4), "big")
-            self._reserved(lambda: self._write_base(base_index, base.term, nxt.pos, chain, app_state),
-                           f"the new base {base_index} of {self.dir} (state of {len(app_state)} bytes)")
-            self.base_app_state = app_state
-            self._remove_stale_states()
-            removed = self.data.delete_head(nxt.pos) + self.index.delete_head((base_index + 1) * INDEX_SIZE)
-            keep_run = max(0, bisect.bisect_right(self._run_starts, base_index + 1) - 1)   # the run of base+1 on
-            del self._run_starts[:keep_run], self._run_terms[:keep_run]
-            if self._cache and self._cache[0].index <= base_index:
-                drop = min(len(self._cache), base_index + 1 - self._cache[0].index)
-                self._cache_bytes -= sum(HEADER + len(e.body) for e in self._cache[:drop])
-                del self._cache[:drop], self._cache_pos[:drop]
-        log.info("%s: compacted to base %d (pos %d): %d file(s) deleted", self.dir, base_index, nxt.pos, len(removed))
+        In one call: `plan_base`, `write_base`, `cut_below_base`. A node on an event loop
+        runs `write_base` (its fsyncs) on a worker thread between the other two."""
+        new = self.plan_base(base_index, app_state)
+        if new is None:
+            return []
+        self.write_base(new)
+        removed = self.cut_below_base(new)
         if self.reserve is not None:
             self.reserve.ensure(freed=True)
+        return removed
+
+    def plan_base(self, base_index: int, app_state: bytes) -> NewBase | None:
+        """The new base of a compaction to base_index (see compact_to), from what this store
+        holds now; None when the base is there already. ValueError for an entry that may not
+        be a base (uncommitted, unflushed, or the last one)."""
+        m = self.meta
+        if base_index <= m.base_index:
+            return None
+        if not (base_index < self._last_index and base_index <= self._flushed_index
+                and base_index <= m.durable_mark):
+            raise ValueError(f"compact_to({base_index}): only committed, fsynced entries with one after them "
+                             f"(last {self._last_index}, fsynced {self._flushed_index}, durable {m.durable_mark})")
+        base, nxt = self.entry_at(base_index), self.entry_at(base_index + 1)
+        return NewBase(base_index, base.term, base.pos, nxt.pos, app_state)
+
+    def write_base(self, new: NewBase) -> None:
+        """The state file, then meta naming the new base, durably; then the older state files
+        go. Safe on a worker thread while the loop appends and reads: nothing here changes
+        what the store serves (the base in memory changes in `cut_below_base`), and every meta
+        write from here on, by any thread, names the new base (`_pending_base`). A crash after
+        it recovers to the new base and removes the files below. DiskFull on a full disk
+        (after the reserve), with meta on disk and here naming the old base."""
+        with self.flush_lock:    # no reset, truncation or other cut meanwhile
+            if new.index <= self.meta.base_index:
+                return
+            chain = int.from_bytes(self.data.read(new.base_entry_pos + _CHAIN_AT, 4), "big")
+            fields = {"base_index": new.index, "base_term": new.term, "base_pos": new.pos, "base_chain": chain}
+            self._reserved(lambda: self._write_base(fields, new.app_state),
+                           f"the new base {new.index} of {self.dir} (state of {len(new.app_state)} bytes)")
+            self._remove_stale_states(keep=new.index)
+
+    def cut_below_base(self, new: NewBase) -> list[str]:
+        """After `write_base`, on the thread that serves the store (the loop): the new base in
+        memory, and the whole files below it leave the file sets (the reaper removes them).
+        Nothing when a reset replaced the base meanwhile. Returns the paths."""
+        m, fields = self.meta, self._pending_base
+        if fields is None or fields["base_index"] != new.index or m.base_index >= new.index:
+            return []
+        m.base_index, m.base_term, m.base_pos, m.base_chain = (fields["base_index"], fields["base_term"],
+                                                               fields["base_pos"], fields["base_chain"])
+        self.base_app_state = new.app_state
+        removed = self.data.delete_head(new.pos) + self.index.delete_head((new.index + 1) * INDEX_SIZE)
+        keep_run = max(0, bisect.bisect_right(self._run_starts, new.index + 1) - 1)   # the run of base+1 on
+        del self._run_starts[:keep_run], self._run_terms[:keep_run]
+        if self._cache and self._cache[0].index <= new.index:
+            drop = min(len(self._cache), new.index + 1 - self._cache[0].index)
+            self._cache_bytes -= sum(HEADER + len(e.body) for e in self._cache[:drop])
+            del self._cache[:drop], self._cache_pos[:drop]
+        log.info("%s: compacted to base %d (pos %d): %d file(s) deleted", self.dir, new.index, new.pos, len(removed))
         return removed
 
     def _reserved(self, write, what: str) -> None:
@@ -605,21 +655,23 @@ class EntryStore:
         else:
             self.reserve.using(write, what)
 
-    def _write_base(self, base_index: int, term: int, pos: int, chain: int, app_state: bytes) -> None:
-        """The state file, then meta naming the new base. On failure meta, on disk and here,
-        keeps the old base; DiskFull on ENOSPC."""
-        m = self.meta
-        before = (m.base_index, m.base_term, m.base_pos, m.base_chain)
+    def _write_base(self, fields: dict, app_state: bytes) -> None:
+        """The state file, then meta naming the new base (`fields`: meta's base_*). On failure
+        meta on disk keeps the old base; DiskFull on ENOSPC."""
         try:
-            self._write_base_state(base_index, pos, app_state)
-            m.base_index, m.base_term, m.base_pos, m.base_chain = base_index, term, pos, chain
-            self._write_meta()
+            self._write_base_state(fields["base_index"], fields["base_pos"], app_state)
+            with self._meta_lock:      # (not over the state file's fsyncs: a term and vote wait for it)
+                before, self._pending_base = self._pending_base, fields
+                try:
+                    self._write_meta()
+                except StoreFatal:
+                    self._pending_base = before
+                    raise
         except StoreFatal as e:
-            m.base_index, m.base_term, m.base_pos, m.base_chain = before
             if not is_enospc(e):
                 raise
-            raise DiskFull(f"disk full writing the new base {base_index} of {self.dir}; nothing deleted") \
-                from e.__cause__
+            raise DiskFull(f"disk full writing the new base {fields['base_index']} of {self.dir}; nothing "
+                           f"deleted") from e.__cause__
 
     def _state_path(self, base_index: int) -> str:
         return os.path.join(self.dir, f"base-{base_index:020d}.state")
@@ -646,8 +698,9 @@ class EntryStore:
                         pos, m.base_pos)
         return app
 
-    def _remove_stale_states(self) -> None:
-        keep = os.path.basename(self._state_path(self.meta.base_index))
+    def _remove_stale_states(self, keep: int | None = None) -> None:
+        """Every base state file but base `keep`'s (default: meta's base)."""
+        keep = os.path.basename(self._state_path(self.meta.base_index if keep is None else keep))
         for name in self.fs.listdir(self.dir):
             if name.startswith("base-") and name.endswith((".state", ".state.tmp")) and name != keep:
                 self.fs.remove(os.path.join(self.dir, name))
@@ -997,8 +1050,10 @@ class EntryStore:
 
     def _rebase_empty(self, pos: int) -> None:
         assert self._last_index == self.meta.base_index
-        self.meta.base_pos = pos
-        self._write_meta()
+        with self._meta_lock:
+            self._pending_base = None
+            self.meta.base_pos = pos
+            self._write_meta()
         self._write_base_state(self.meta.base_index, pos, self.base_app_state)
         self.data.reset_to(pos)
         self._end_pos = pos
@@ -1048,7 +1103,10 @@ class EntryStore:
     def _write_meta(self) -> None:
         try:
             with self._meta_lock:
-                self.fs.write_atomic(self.meta_path, json.dumps(asdict(self.meta), sort_keys=True).encode())
+                doc = asdict(self.meta)
+                if self._pending_base is not None:   # written, maybe not yet taken in memory
+                    doc.update(self._pending_base)
+                self.fs.write_atomic(self.meta_path, json.dumps(doc, sort_keys=True).encode())
         except OSError as e:
             raise StoreFatal(f"writing {self.meta_path} failed: {e}") from e
 

@@ -31,10 +31,13 @@ from datetime import datetime
 from node.broker import OutgoingMessage
 from node.config import BrokerConfig
 from node.server import build_broker
+from node.loop_watchdog import LoopWatchdog
 from node.store.fileio import FaultyFileSystem
+from node.store.reaper import FileReaper
 from tests.integration.dledger_group import DLedgerGroup
 from tests.integration.test_dledger_inprocess import free_ports, wait_for
 from tests.integration.test_node_process import http
+from tests.unit.fsync_hooks import FsyncHooked
 
 IDS = ("n0", "n1", "n2")
 SEG = 128 * 1024
@@ -155,6 +158,73 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
             brokers[other] = await start(cfg[other])
             await settled(brokers, IDS)
             assert brokers[other].log._applied_table.snapshot() == d.log._applied_table.snapshot()
+        finally:
+            for b in brokers.values():
+                if b.log.node.core is not None and b.log.node._running:
+                    await b.stop()
+
+    asyncio.run(main())
+
+
+class SlowFsync(FsyncHooked):
+    """Every file and directory fsync takes SLOW_FSYNC_S once `slow` is set; removals on a
+    reaper thread, as a node's real file system."""
+
+    def __init__(self):
+        self.slow = False
+        self.slow_fsyncs = 0
+        self.reaper = FileReaper()
+
+    def before_fsync(self):
+        if self.slow:
+            self.slow_fsyncs += 1
+            time.sleep(SLOW_FSYNC_S)
+
+
+SLOW_FSYNC_S = 0.25
+
+
+def test_regression_a_cut_on_a_slow_disk_does_not_stall_the_event_loop(tmp_path):
+    """Retention's new base (state file and meta: four fsyncs, after any flush in progress)
+    was written on the event loop: with every fsync taking 250 ms the loop stopped for about
+    a second at each cut, longer than the election timeout, so a leader's cut could cost it
+    its leadership. Now the writes run on a worker thread; a watchdog on the loop (the three
+    brokers share it) warns of any stall over 150 ms."""
+    async def main():
+        cfg = configs(tmp_path)
+        fss = {n: SlowFsync() for n in IDS}
+        brokers = {}
+        for n in IDS:
+            brokers[n] = build_broker(cfg[n], fs=fss[n])
+            await brokers[n].start()
+        try:
+            lead = await leader_of(brokers)
+            b = brokers[lead]
+            await b.create_topic("T", 2)
+            await send(b, "T", 600, "a")
+            await settled(brokers, IDS)
+            before = data_files(b)
+            term = b.log.node.core.term
+            fss[lead].slow = True
+            wd = LoopWatchdog(warn_s=0.15, beat_s=0.01)
+            wd.start()
+            try:
+                await cut(b)
+                await asyncio.sleep(0.05)        # the watchdog's tick runs and sees any stall
+            finally:
+                wd.stop()
+                fss[lead].slow = False
+            assert len(data_files(b)) <= len(before) - 3, f"expired head files deleted: {before}"
+            assert fss[lead].slow_fsyncs >= 4, "the new base was written durably (state file and meta)"
+            assert wd.stalls == 0, f"the loop was blocked {wd.stalls} time(s), longest {wd.stalled_s_max:.3f} s"
+            assert b.log.is_writable and b.log.node.core.term == term, "the leader kept its term"
+            res = await send(b, "T", 2, "b")
+            assert [r.queue_offset for r in res] == [300, 300]
+            first = b.log.store.first_index()
+            await b.stop()
+            brokers[lead] = await start(cfg[lead])             # recovers at the base it wrote
+            await settled(brokers, IDS)
+            assert brokers[lead].log.store.first_index() == first
         finally:
             for b in brokers.values():
                 if b.log.node.core is not None and b.log.node._running:

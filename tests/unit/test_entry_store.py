@@ -7,6 +7,7 @@ segment sizes so a few entries cross file ends.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 
@@ -444,6 +445,58 @@ def test_a_crash_between_the_state_file_and_meta_keeps_the_old_base(tmp_path):
     assert (rep.first_index, s.base_app_state) == (6, b"old")
     assert [n for n in os.listdir(s.dir) if n.startswith("base-")] == [f"base-{5:020d}.state"]
     s.close()
+
+
+def test_between_write_base_and_cut_the_store_serves_the_old_base_and_every_meta_write_names_the_new(tmp_path):
+    """A node writes a compaction's base on a worker thread (write_base) and takes it in memory
+    on its loop (cut_below_base). Between the two, reads see the old base, and a checkpoint
+    or term write (another thread) must not put the old base back on disk: the files below
+    the new one may be gone by the next crash."""
+    fs = FaultyFileSystem(27)
+    s, pos = _filled(fs, tmp_path)
+    k = next(i for i, p in enumerate(pos, 1) if p >= 2 * SEG)
+    new = s.plan_base(k - 1, b"as of k-1")
+    s.write_base(new)
+    assert (s.first_index(), s.start_pos, s.entries(1, 2, 1 << 30)) == (1, 0, mk(1, 1))
+    s.set_hard_state(HardState(term=3, voted_for="n1"))      # a meta write before the cut
+    on_disk = json.loads(fs.read_file(s.meta_path))
+    assert (on_disk["base_index"], on_disk["base_pos"], on_disk["term"]) == (k - 1, 2 * SEG, 3)
+    removed = s.cut_below_base(new)
+    assert sorted(os.path.basename(p) for p in removed if "/data/" in p) == [f"{i * SEG:020d}" for i in range(2)]
+    assert (s.first_index(), s.start_pos, s.base_app_state) == (k, 2 * SEG, b"as of k-1")
+    s, rep = reopen(s, fs, tmp_path)
+    assert (rep.first_index, rep.last_index, s.base_app_state, s.initial_state().term) == (k, 60, b"as of k-1", 3)
+    s.close()
+
+
+def test_a_crash_after_write_base_recovers_to_the_new_base(tmp_path):
+    fs = FaultyFileSystem(28)
+    s, pos = _filled(fs, tmp_path)
+    k = next(i for i, p in enumerate(pos, 1) if p >= 2 * SEG)
+    s.write_base(s.plan_base(k - 1, b"new"))      # the worker's part; the loop's never ran
+    s, rep = reopen(s, fs, tmp_path)
+    assert (rep.first_index, s.start_pos, s.base_app_state) == (k, 2 * SEG, b"new")
+    assert s.entries(k, 61, 1 << 30) == mk(1, 60)[k - 1:]
+    s.close()
+
+
+def test_a_reset_between_write_base_and_cut_wins_and_the_cut_does_nothing(tmp_path):
+    fs = FaultyFileSystem(29)
+    leader, lpos = _filled(fs, tmp_path / "a")
+    k = next(i for i, p in enumerate(lpos, 1) if p >= 3 * SEG)
+    leader.compact_to(k - 1, b"leader's table")
+    s, _ = _filled(fs, tmp_path / "b", n=20)
+    new = s.plan_base(10, b"mine")
+    s.write_base(new)
+    s.reset_to(k - 1, 1, leader.base_state())         # InstallBase lands before the loop's cut
+    assert s.cut_below_base(new) == []
+    assert (s.first_index(), s.start_pos, s.base_app_state) == (k, 3 * SEG, b"leader's table")
+    s.set_hard_state(HardState(term=2, voted_for=None))
+    assert json.loads(fs.read_file(s.meta_path))["base_index"] == k - 1
+    s, rep = reopen(s, fs, tmp_path / "b")
+    assert (rep.first_index, s.base_app_state) == (k, b"leader's table")
+    s.close()
+    leader.close()
 
 
 def test_a_damaged_base_state_stops_recovery_with_a_clear_error(tmp_path):
