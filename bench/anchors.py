@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from bench.bench_store import page_cache_probe
+from bench.bench_store import disk_seq_write_mb_s, page_cache_probe
 from mqstore.localcluster import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -129,23 +129,6 @@ def _wait_port(port: int, deadline: float) -> bool:
 # disk
 
 
-def _seq_write_mb_s(path: Path, size_mib: int) -> float:
-    """1 MiB writes into a new file, one fdatasync at the end, timed including that fdatasync
-    (otherwise we would measure the page cache, not the disk; bench_store.page_cache_probe
-    measures that)."""
-    buf = os.urandom(MIB)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        start = time.perf_counter()
-        for _ in range(size_mib):
-            os.write(fd, buf)
-        os.fdatasync(fd)
-        elapsed = time.perf_counter() - start
-    finally:
-        os.close(fd)
-    return round(size_mib / elapsed, 1)
-
-
 def _fdatasync_per_s(path: Path, seconds: float, max_syncs: int) -> float:
     """4 KiB append + fdatasync, repeated: the cost of one durable small write (a group commit
     can never go faster than this many batches per second)."""
@@ -223,8 +206,7 @@ def disk_anchors(
     work = Path(tempfile.mkdtemp(prefix="mqbench-disk-", dir=dir))
     try:
         pages = _page_cache_writes(work, min(size_mib, 64), page_idle_s)
-        seq = _seq_write_mb_s(work / "seq.bin", size_mib)
-        (work / "seq.bin").unlink()
+        seq = round(disk_seq_write_mb_s(str(work), size_mib * MIB), 1)
         syncs = _fdatasync_per_s(work / "sync.bin", fsync_seconds, max_fsyncs)
         raw = _raw_record_writes(work / "raw.bin", write_seconds, size_mib * MIB)
     finally:

@@ -92,6 +92,9 @@ def drafts(n: int, seed: int = 1) -> list[MessageDraft]:
 
 # --- anchors ------------------------------------------------------------------------------
 def disk_seq_write_mb_s(root: str, total: int) -> float:
+    """MiB/s of 1 MiB writes into a new file under `root`, one fdatasync at the end, timed
+    including that fdatasync (otherwise it would measure the page cache, not the disk:
+    page_cache_probe measures that); the file is removed."""
     path = os.path.join(root, "seq")
     chunk = os.urandom(MIB)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
