@@ -43,6 +43,12 @@ seen on a contended disk) runs on a worker thread while the node holds that Read
 core gets no input and proposals are refused with NotLeader (there is no leader of the
 new term yet), but the loop serves everything else meanwhile (pulls, the API, the
 transport filling the inbox). When the write lands the Ready completes as if just taken.
+A follower's truncation (the entries a new leader does not have) is held the same way:
+it must be durable before the Ready's entries are written over it and before any ack
+leaves (RocketMQ #10666), and it takes two fsyncs or more, after any flush in progress.
+The cut runs on a worker thread (then the Ready's hard state, if it has one); the
+store's reads meanwhile are of committed entries, below the cut. A reset to a leader's
+base (InstallBase, rarer: it replaces every file) still runs on the loop.
 
 The node's clock (its ticks) stands still while that write is under way, and for as long
 again once it has landed. A node that cannot act must not time out for it (etcd's ticker
@@ -167,10 +173,11 @@ class RaftNode:
         self._stalled: Ready | None = None
         self._stalled_at = self._stall_tried_at = 0.0
         self.stall_reason: str | None = None
-        # The Ready whose term and vote a worker thread is writing, and whether it has landed.
+        # The Ready whose truncation and/or term and vote a worker thread is writing, and
+        # whether they have landed.
         self._held: Ready | None = None
         self._held_written = False
-        self._hard_state_write: asyncio.Task | None = None
+        self._held_write: asyncio.Task | None = None
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
         self.fatal: BaseException | None = None
@@ -220,8 +227,8 @@ class RaftNode:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._fills, return_exceptions=True)
         self._tasks = []
-        if self._hard_state_write is not None:      # its thread runs on: the files stay open for it
-            await asyncio.wait([self._hard_state_write])
+        if self._held_write is not None:      # its thread runs on: the files stay open for it
+            await asyncio.wait([self._held_write])
         if self.transport is not None:
             await self.transport.stop()
         if self.fatal is None and self.core is not None:
@@ -270,13 +277,15 @@ class RaftNode:
 
     @property
     def holds_ready(self) -> bool:
-        """A Ready is held: its entries or hard state met a full disk, or its term and vote are
-        being written. The core has moved on in memory; the listener has not heard of it yet."""
+        """A Ready is held: its entries or hard state met a full disk, or its truncation or its
+        term and vote are being written. The core has moved on in memory; the listener has not
+        heard of it yet."""
         return self._stalled is not None or self._held is not None
 
     def _check_not_held(self) -> None:
         if self._held is not None:
-            raise NotLeader(self._held.leader_id, f"term {self._held.term} and vote being stored")
+            what = "a truncation" if self._held.truncate_from is not None else "term and vote"
+            raise NotLeader(self._held.leader_id, f"term {self._held.term}: {what} being stored")
 
     def _live_core(self) -> RaftCore:
         if self.fatal is not None:
@@ -445,6 +454,9 @@ class RaftNode:
         assert core is not None and self.transport is not None
         retry = rd is self._stalled
         if not (retry or hard_state_written):   # a held Ready made its cuts before it was held
+            if rd.truncate_from is not None and rd.reset_base is None:
+                self._apply(handled)            # the listener hears of the Readies before it first
+                self._hold(rd, cut=True)
             self._cut(rd, handled)
         try:
             if rd.entries and not ((retry or hard_state_written) and store.last_index() >= rd.entries[-1].index):
@@ -454,10 +466,7 @@ class RaftNode:
             self._stall(rd, e)
             raise _Stalled from None
         if rd.hard_state is not None and not hard_state_written:
-            self._held, self._held_written = rd, False
-            self._hard_state_write = asyncio.create_task(self._write_hard_state(rd),
-                                                         name=f"raft-term-vote-{self.node_id}")
-            raise _Held
+            self._hold(rd, cut=False)
         if retry:
             log.warning("raft %s: the held Ready written after %.1f s stalled on a full disk; resuming",
                         self.node_id, time.monotonic() - self._stalled_at)
@@ -473,10 +482,35 @@ class RaftNode:
         # commit and for the acks a follower sends); the rest is reported when it lands.
         core.advance(rd, store.flushed_index if sync else None)
 
-    async def _write_hard_state(self, rd: Ready) -> None:
-        """The held Ready's term and vote, written on a worker thread; then the next round
-        completes the Ready (or, on a full disk, holds it as stalled and retries each tick)."""
+    def _hold(self, rd: Ready, cut: bool) -> None:
+        """Hold `rd` while a worker thread writes its truncation (`cut`) and its hard state."""
+        self._held, self._held_written = rd, False
+        self._held_write = asyncio.create_task(self._write_held(rd, cut), name=f"raft-held-{self.node_id}")
+        raise _Held
+
+    async def _write_held(self, rd: Ready, cut: bool) -> None:
+        """The held Ready's truncation (durable; then the listener hears of it) and its term and
+        vote, each written on a worker thread; then the next round completes the Ready (or, on
+        a full disk for the term and vote, holds it as stalled and retries each tick)."""
         t0 = time.perf_counter()
+        if cut:
+            try:
+                await asyncio.to_thread(self.store.truncate_from, rd.truncate_from)
+            except StoreError as e:
+                self._held = None
+                self._die(e)
+                return
+            self.metrics["truncations"] += 1
+            self.metrics["truncation_us_max"] = max(self.metrics["truncation_us_max"],
+                                                    int((time.perf_counter() - t0) * 1e6))
+            if self.listener is not None:
+                self.listener.on_truncated(rd.truncate_from)
+        if rd.hard_state is None:
+            self._held_written = True
+            self._clock_paused_until = time.monotonic() + min(time.perf_counter() - t0, SLOW_WRITE_PAUSE_MAX_S)
+            self._wake.set()
+            return
+        t1 = time.perf_counter()
         try:
             await asyncio.to_thread(self.store.set_hard_state, rd.hard_state)
         except DiskFull as e:
@@ -488,15 +522,15 @@ class RaftNode:
             return
         else:
             self._held_written = True
-        took = time.perf_counter() - t0
-        self._clock_paused_until = time.monotonic() + min(took, SLOW_WRITE_PAUSE_MAX_S)
-        us = int(took * 1e6)
+        self._clock_paused_until = time.monotonic() + min(time.perf_counter() - t0, SLOW_WRITE_PAUSE_MAX_S)
+        us = int((time.perf_counter() - t1) * 1e6)
         self.metrics["hard_state_writes"] += 1
         self.metrics["hard_state_write_us_max"] = max(self.metrics["hard_state_write_us_max"], us)
         self._wake.set()
 
     def _cut(self, rd: Ready, handled: list[Ready]) -> None:
-        """The Ready's reset or truncation, once the listener has seen the Readies before it."""
+        """The Ready's reset (and any truncation with it), on the loop, once the listener has
+        seen the Readies before it. (A truncation alone is held and written by _write_held.)"""
         if rd.reset_base is None and rd.truncate_from is None:
             return
         self._apply(handled)
@@ -614,6 +648,8 @@ class RaftNode:
             "checkpoints": self.metrics["checkpoints"], "checkpoint_ms_max": self.metrics["checkpoint_us_max"] / 1000,
             "term_vote_writes": self.metrics["hard_state_writes"],
             "term_vote_write_ms_max": self.metrics["hard_state_write_us_max"] / 1000,
+            "truncations": self.metrics["truncations"],
+            "truncation_ms_max": self.metrics["truncation_us_max"] / 1000,
             "ticks_paused": self.metrics["ticks_paused"],
         }
         if core.role is Role.LEADER:

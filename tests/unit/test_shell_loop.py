@@ -20,6 +20,7 @@ from mqstore.localcluster import free_port
 from node.store.errors import StoreFatal
 from node.store.fileio import FileSystem
 from tests.loop_lag import LoopLag
+from tests.unit.fsync_hooks import FsyncHooked
 
 
 async def _until(cond, tries: int = 300) -> None:
@@ -519,3 +520,80 @@ def test_regression_a_node_recovers_its_entry_store_off_the_event_loop(tmp_path)
     worst = asyncio.run(scenario())
     assert threads == [False, False]      # the recovery, then the replay: neither on the loop
     assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during recovery"
+
+
+class SlowFsyncFS(FsyncHooked):
+    """Every file and directory fsync takes `hold_s` once armed (any thread)."""
+
+    def __init__(self, hold_s: float):
+        self.hold_s, self.armed, self.on_loop = hold_s, False, 0
+
+    def before_fsync(self) -> None:
+        if self.armed:
+            import threading
+            import time
+            self.on_loop += threading.current_thread() is threading.main_thread()
+            time.sleep(self.hold_s)
+
+
+def test_regression_a_follower_truncates_its_divergent_tail_off_the_event_loop(tmp_path):
+    """A follower's truncation of entries the new leader does not have (zeroes and fsyncs of
+    the data and index files, after any flush in progress) ran on the event loop: on a disk
+    where each fsync takes 0.3 s the loop stopped for as long as all of them. The cut is
+    written on a worker thread now, the Ready held meanwhile: three nodes share this loop,
+    and it never stalls. The order still holds: the node's log ends at the new leader's
+    entries only after the cut, and it then holds exactly the leader's log."""
+    peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
+    fs = {n: SlowFsyncFS(hold_s=0.3) for n in peers}
+    cut_off: set[str] = set()
+
+    def make(n: str) -> RaftNode:
+        store = EntryStore(fs[n], str(tmp_path / n), n, data_segment_size=1 << 16, index_segment_size=32 * 64)
+        return RaftNode(n, "g", peers, store, RaftConfig(), ShellConfig(tick_ms=20), rng=random.Random(n))
+
+    def partitionable(node: RaftNode) -> None:
+        real = node.transport.send
+
+        def send(dest, msg):
+            if node.node_id not in cut_off:
+                real(dest, msg)
+        node.transport.send = send
+
+    async def scenario():
+        nodes = {n: make(n) for n in peers}
+        for node in nodes.values():
+            await node.start()
+            partitionable(node)
+        try:
+            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
+                                     for x in nodes.values()), tries=1000)
+            old = next(x for x in nodes.values() if x.core.role.name == "LEADER")
+            rest = [x for x in nodes.values() if x is not old]
+            cut_off.add(old.node_id)                 # nothing it sends arrives any more
+            first, last = old.propose([b"lost-%d" % i for i in range(20)])
+            await _until(lambda: old.store.last_index() >= last)
+            assert old.store.last_index() >= last, "the old leader stored its uncommitted tail"
+            await _until(lambda: any(x.core.role.name == "LEADER" for x in rest), tries=1000)
+            new = next(x for x in rest if x.core.role.name == "LEADER")
+            _, kept = new.propose([b"kept-%d" % i for i in range(5)])
+            await _until(lambda: all(x.core.commit_index >= kept for x in rest))
+            fs[old.node_id].armed = True
+            async with LoopLag() as lag:
+                cut_off.clear()
+                await _until(lambda: old.core.commit_index >= kept and old.status()["truncations"] >= 1,
+                             tries=1000)
+            fs[old.node_id].armed = False
+            want = new.store.entries(first, kept + 1, 1 << 30)
+            got = old.store.entries(first, old.store.last_index() + 1, 1 << 30)
+            return old.status(), lag.worst_s, got, want, fs[old.node_id].on_loop
+        finally:
+            for node in nodes.values():
+                if node._running:
+                    await node.stop()
+
+    status, worst, got, want, on_loop = asyncio.run(scenario())
+    assert status["truncations"] >= 1 and status["truncation_ms_max"] >= 290, status
+    assert on_loop == 0, f"{on_loop} fsync(s) of the truncating node ran on the event loop"
+    assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during the truncation"
+    assert [(e.index, e.term, e.body) for e in got] == [(e.index, e.term, e.body) for e in want]
+    assert not any(e.body.startswith(b"lost-") for e in got)
