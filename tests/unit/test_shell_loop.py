@@ -371,6 +371,18 @@ def _on_disk(store: EntryStore) -> tuple[int, str | None]:
     return doc["term"], doc["voted_for"]
 
 
+async def _group_with_leader(nodes: dict[str, RaftNode], wrap_send) -> tuple[RaftNode, list[RaftNode]]:
+    """Start `nodes`, each one's transport send wrapped by `wrap_send(node)`; once one leads
+    and has committed its first entry: (that leader, the others)."""
+    for node in nodes.values():
+        await node.start()
+        wrap_send(node)
+    await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
+                             for x in nodes.values()), tries=1000)
+    old = next(x for x in nodes.values() if x.core.role.name == "LEADER")
+    return old, [x for x in nodes.values() if x is not old]
+
+
 def test_regression_an_election_writes_term_and_vote_off_the_event_loop(tmp_path):
     """A term and vote were written (two fsyncs) on the event loop: a follower's took 1,455 ms
     on a contended disk while its node served nothing else. They are written on a worker
@@ -402,14 +414,8 @@ def test_regression_an_election_writes_term_and_vote_off_the_event_loop(tmp_path
 
     async def scenario():
         nodes = {n: make(n) for n in peers}
-        for node in nodes.values():
-            await node.start()
-            checked_send(node)
         try:
-            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
-                                     for x in nodes.values()), tries=1000)
-            old = next(x for x in nodes.values() if x.core.role.name == "LEADER")
-            rest = [x for x in nodes.values() if x is not old]
+            old, rest = await _group_with_leader(nodes, checked_send)
             for x in rest:
                 fs[x.node_id].armed = True
             async with LoopLag() as lag:
@@ -561,14 +567,8 @@ def test_regression_a_follower_truncates_its_divergent_tail_off_the_event_loop(t
 
     async def scenario():
         nodes = {n: make(n) for n in peers}
-        for node in nodes.values():
-            await node.start()
-            partitionable(node)
         try:
-            await _until(lambda: any(x.core.role.name == "LEADER" and x.core.commit_index >= 1
-                                     for x in nodes.values()), tries=1000)
-            old = next(x for x in nodes.values() if x.core.role.name == "LEADER")
-            rest = [x for x in nodes.values() if x is not old]
+            old, rest = await _group_with_leader(nodes, partitionable)
             cut_off.add(old.node_id)                 # nothing it sends arrives any more
             first, last = old.propose([b"lost-%d" % i for i in range(20)])
             await _until(lambda: old.store.last_index() >= last)
