@@ -77,6 +77,8 @@ REQUEST_TIMEOUT_S = 10.0
 CATCH_UP_MIB = 384          # > the leader's 64 MiB entry cache + coldReadHotBytes (64 MiB)
 CATCH_UP_GIVE_UP_S = 180.0   # for the leader to take CATCH_UP_MIB, then for the follower to catch up
 COLD_READ_HOT_BYTES = 64 << 20   # broker.conf coldReadHotBytes' default
+# broker.conf peerPushThrottlePoint (its default, or as MQSTORE_peerPushThrottlePoint sets it for the nodes)
+PEER_PUSH_THROTTLE_POINT = int(os.environ.get("MQSTORE_peerPushThrottlePoint", 300 << 20))
 CASES = ("async_batched", "per_message_256", "one_at_a_time", "sync_flush_64", "failover", "catch_up")
 
 
@@ -583,8 +585,11 @@ async def loop_stalls(session: aiohttp.ClientSession, n: Node) -> dict[str, floa
     return out
 
 
-async def one_at_a_time_until(sender, payload, done, give_up_s: float) -> tuple[list[float], dict]:
-    """Send one message at a time until `done()` is true (checked every 100 ms) or `give_up_s`."""
+async def one_at_a_time_until(sender, payload, done, give_up_s: float,
+                              sent_at: list[float] | None = None) -> tuple[list[float], dict]:
+    """Send one message at a time until `done()` is true (checked every 100 ms) or `give_up_s`;
+    the latencies sorted. With `sent_at`, the latencies in send order, and there when each send
+    began (perf_counter)."""
     lat: list[float] = []
     state = {"acked": 0, "errors": 0, "first_error": None}
     stop = asyncio.Event()
@@ -602,12 +607,15 @@ async def one_at_a_time_until(sender, payload, done, give_up_s: float) -> tuple[
         try:
             state["acked"] += await sender.send(payload)
             lat.append(time.perf_counter() - t)
+            if sent_at is not None:
+                sent_at.append(t)
         except (NotLeaderAnswer, aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, OSError) as e:
             state["errors"] += 1
             state["first_error"] = state["first_error"] or repr(e)[:300]
             await asyncio.sleep(0.01)
     await watcher
-    lat.sort()
+    if sent_at is None:
+        lat.sort()
     return lat, {"msgs": state["acked"], "errors": state["errors"], "first_error": state["first_error"],
                  "seconds": round(time.perf_counter() - t0, 3)}
 
@@ -643,16 +651,24 @@ async def catch_up_case(cluster: Cluster, quick: bool) -> dict:
             caught: dict = {}
 
             async def caught_up() -> bool:
-                if "s" not in caught and (await cluster_doc(session, follower)).get("applied_index", 0) >= leader_last:
+                doc = await cluster_doc(session, follower)
+                if "within" not in caught and end - doc.get("committed_position", 0) <= PEER_PUSH_THROTTLE_POINT:
+                    caught["within"] = time.perf_counter()
+                if "s" not in caught and doc.get("applied_index", 0) >= leader_last:
                     caught["s"] = time.perf_counter() - t_start
                 return "s" in caught
 
             cluster.start_node(follower)
-            lat, r = await one_at_a_time_until(sender, one, caught_up, CATCH_UP_GIVE_UP_S)
+            sent_at: list[float] = []
+            lat, r = await one_at_a_time_until(sender, one, caught_up, CATCH_UP_GIVE_UP_S, sent_at)
             stalls_after = await loop_stalls(session, leader)
         finally:
             sender.close()
     secs = caught.get("s")
+    within = caught.get("within", float("inf"))
+    far = sorted(x for x, t in zip(lat, sent_at) if t < within)      # the quota's phase (peerPushQuota)
+    near = sorted(x for x, t in zip(lat, sent_at) if t >= within)
+    lat.sort()
     p99_before, p99 = pct_ms(before_lat, 0.99), pct_ms(lat, 0.99)
     stalls = {k: round(v - stalls_before.get(k, 0.0), 3) for k, v in stalls_after.items()
               if k in ("_count", "_sum", '_bucket{le="0.05"}', '_bucket{le="0.1"}')}
@@ -664,6 +680,11 @@ async def catch_up_case(cluster: Cluster, quick: bool) -> dict:
                                         p99_before, meets=None, p50_ms=pct_ms(lat, 0.5), p99_ms=p99,
                                         max_ms=pct_ms(lat, 1.0), before_p50_ms=pct_ms(before_lat, 0.5),
                                         before_p99_ms=p99_before, before_msgs_per_s=round(before["msgs_per_s"], 1),
+                                        far_behind_sends=len(far), far_behind_p99_ms=pct_ms(far, 0.99),
+                                        within_throttle_point_sends=len(near),
+                                        within_throttle_point_p99_ms=pct_ms(near, 0.99),
+                                        far_behind_note="sends while the follower was more than peerPushThrottlePoint "
+                                                        "behind (pushed at most peerPushQuota), then the rest",
                                         **r)}
 
 

@@ -58,7 +58,7 @@ from dledger.messages import (
     append_of_checked_entries,
 )
 from dledger.quorum import VoteResult, commit_index, majority, vote_result
-from dledger.raft_storage import Compacted, NotCached, RaftLog, RaftStorage
+from dledger.raft_storage import Compacted, NotCached, RaftLog, RaftStorage, entry_size_bytes
 from node.store.crc import crc32 as _crc32
 
 __all__ = [
@@ -160,6 +160,15 @@ class RaftConfig:
     check_quorum: bool = True
     # If set, a leader hands leadership to this node once it is caught up.
     preferred_leader_id: str | None = None
+    # DLedger's push quota (peerPushThrottlePoint, peerPushQuota): a follower more than
+    # push_throttle_point_bytes behind our last entry gets pushes of at most
+    # push_quota_bytes_per_tick a tick (a bucket of push_quota_window_ticks ticks' worth),
+    # so that catching it up cannot take the leader from its producers. Never while the
+    # followers not that far behind and the leader fall short of a majority (their acks are
+    # needed to commit), nor for a leadership transfer's target. 0 bytes a tick: no quota.
+    push_throttle_point_bytes: int = 0
+    push_quota_bytes_per_tick: int = 0
+    push_quota_window_ticks: int = 20
 
     def validate(self) -> None:
         positive = (
@@ -173,11 +182,16 @@ class RaftConfig:
             "max_batch_bytes",
             "max_parked_pushes",
             "max_uncommitted_entries",
+            "push_quota_window_ticks",
         )
         for name in positive:
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ConfigError(name, f"must be a positive int, got {value!r}")
+        for name in ("push_throttle_point_bytes", "push_quota_bytes_per_tick"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ConfigError(name, f"must be an int >= 0, got {value!r}")
         if self.election_timeout_ticks_max < self.election_timeout_ticks_min:
             raise ConfigError("election_timeout_ticks_max", "must be >= election_timeout_ticks_min")
         if self.heartbeat_ticks >= self.election_timeout_ticks_min:
@@ -301,7 +315,10 @@ class _Progress:
     awaiting_since: int | None = None  # tick an outstanding probe/truncate/base was sent
     inflight: deque[tuple[int, int]] = field(default_factory=deque)  # (push last index, sent tick)
     recent_active: bool = False  # heard from since the last quorum check
+    heard_at: int = -(1 << 62)  # tick it was last heard from
     storage_wait: bool = False  # its next entries are being read in (NotCached): no push until entries_fetched()
+    far_behind: bool = False  # pushes to it count against its quota (RaftConfig.push_throttle_point_bytes)
+    quota: int = 0  # bytes it may still be pushed now while far behind; refilled each tick
 
 
 class _Push(enum.Enum):
@@ -758,10 +775,36 @@ class RaftCore:
         if self._heartbeat_elapsed >= self._cfg.heartbeat_ticks:
             self._heartbeat_elapsed = 0
             self._broadcast_heartbeat()
+        self._refill_push_quota()
         for peer, progress in self._progress.items():
             self._check_timeouts(peer, progress)
         self._tick_transfer()
         self._maybe_transfer_to_preferred()
+
+    def _refill_push_quota(self) -> None:
+        """Each tick: the push quota's buckets refilled (a full one for a follower not far
+        behind, so that it starts with one when it falls behind)."""
+        per_tick = self._cfg.push_quota_bytes_per_tick
+        if per_tick <= 0:
+            return
+        full = per_tick * self._cfg.push_quota_window_ticks
+        for progress in self._progress.values():
+            progress.quota = min(full, progress.quota + per_tick) if progress.far_behind else full
+
+    def _far_behind(self, peer: str, progress: _Progress) -> bool:
+        """Whether a push to `peer` now counts against its quota: it is more than
+        push_throttle_point_bytes behind our last entry, it is not a transfer's target, and
+        the leader with the followers not that far behind and heard from within an election
+        timeout make a majority (else a commit needs its acks)."""
+        cfg = self._cfg
+        if (cfg.push_quota_bytes_per_tick <= 0 or peer == self._transfer_target
+                or progress.next < self._log.first_index()
+                or self._log.bytes_from(progress.next) <= cfg.push_throttle_point_bytes):
+            return False
+        since = self._now - cfg.election_timeout_ticks_min
+        near = 1 + sum(1 for other, p in self._progress.items()
+                       if other != peer and p.state is PeerState.APPEND and not p.far_behind and p.heard_at >= since)
+        return near >= majority(len(self._voters))
 
     def _quorum_active(self) -> bool:
         active = 1 + sum(1 for progress in self._progress.values() if progress.recent_active)
@@ -856,12 +899,14 @@ class RaftCore:
             and len(progress.inflight) < self._cfg.max_inflight_pushes
             and progress.next <= self._log.last_index()
             and not progress.storage_wait
+            and not (progress.far_behind and progress.quota <= 0)
         )
 
     def _send_pushes(self, peer: str, progress: _Progress) -> None:
         """Fill the pipeline, `pushes_per_turn` batches at a time: batches go out without
         waiting for acks."""
         for _ in range(self._cfg.pushes_per_turn):
+            progress.far_behind = self._far_behind(peer, progress)
             if not self._can_push(progress):
                 return
             if progress.next < self._log.first_index():
@@ -884,6 +929,8 @@ class RaftCore:
             self._send(peer, push)
             progress.inflight.append((push.last_index, self._now))
             progress.next = push.last_index + 1
+            if progress.far_behind:
+                progress.quota -= sum(map(entry_size_bytes, batch))
 
     def _leader_progress(self, sender: str) -> _Progress | None:
         if self._role is not Role.LEADER:
@@ -891,6 +938,7 @@ class RaftCore:
         progress = self._progress.get(sender)
         if progress is not None:
             progress.recent_active = True
+            progress.heard_at = self._now
         return progress
 
     def _on_compare_response(self, sender: str, m: CompareResponse) -> None:

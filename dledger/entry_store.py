@@ -317,6 +317,20 @@ class EntryStore:
             return b""
         return L.ENTRY_BASE_STATE.pack(self.meta.base_pos, _crc32(self.base_app_state)) + self.base_app_state
 
+    def bytes_from(self, index: int) -> int:
+        """The log's bytes from entry `index` to its end, blanks at file ends included (how far
+        behind a follower pushed from there is: DLedger's maxWrotePosition - entry pos)."""
+        if index > self._last_index:
+            return 0
+        try:
+            with cold_reads.no_disk_waits():     # called on the loop, for every push
+                return self._end_pos - self.entry_at(index).pos
+        except cold_reads.DiskWait:
+            # Its index record is old (so the entry is far behind): the log's average entry
+            # size says how far, without waiting for the disk.
+            first = self.first_index()
+            return (self._end_pos - self.start_pos) * (self._last_index - index + 1) // (self._last_index - first + 1)
+
     # --- geometry used by DLedgerLog -------------------------------------------------
     @property
     def end_pos(self) -> int:

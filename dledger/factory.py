@@ -67,9 +67,13 @@ def build_dledger_log(config: BrokerConfig, fs: FileSystem | None = None,
     store = EntryStore(fs, config.store_root, config.dleger_self_id,
                        data_segment_size=config.mapped_file_size_commit_log,
                        reserve=DiskReserve(fs, config.store_root, config.disk_reserve_bytes))
-    rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None)
     shell = ShellConfig(flush_disk_type=config.flush_disk_type,
                         async_flush_interval_ms=config.flush_interval_commit_log_ms)
+    ticks_a_second = max(1, 1000 // shell.tick_ms)
+    rc = raft_config or RaftConfig(preferred_leader_id=config.preferred_leader_id or None,
+                                   push_throttle_point_bytes=config.peer_push_throttle_point,
+                                   push_quota_bytes_per_tick=-(-config.peer_push_quota // ticks_a_second),
+                                   push_quota_window_ticks=ticks_a_second)
     from dledger.transport import TransportConfig
     from node.peer_auth import peer_security_from_config
     from node.server import retention_policy

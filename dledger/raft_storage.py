@@ -86,6 +86,11 @@ class RaftStorage(Protocol):
     def base_state(self) -> bytes:
         """The state stored with the base (what InstallBase sends); b"" for none."""
 
+    def bytes_from(self, index: int) -> int:
+        """Bytes of the log from entry `index` to its end: header and body of each entry (and
+        whatever a file-based log pads file ends with); 0 past the last entry.
+        first_index() <= index."""
+
 
 _BODY = operator.attrgetter("body")
 
@@ -151,6 +156,9 @@ class MemoryStorage:
 
     def base_state(self) -> bytes:
         return self._base_state
+
+    def bytes_from(self, index: int) -> int:
+        return sum(map(entry_size_bytes, self._entries[max(0, index - self._base_index - 1):]))
 
     # --- write side ------------------------------------------------------------
 
@@ -262,6 +270,15 @@ class RaftLog:
             else:
                 result = _take_within_budget(tail, max_bytes)
         return result
+
+    def bytes_from(self, index: int) -> int:
+        """Bytes the entries index .. last take, stored and not yet (RaftStorage.bytes_from)."""
+        stored = 0
+        if index < self._offset and self._reset is None:
+            stored = self._storage.bytes_from(index)
+            if self._storage.last_index() >= self._offset:   # entries a pending truncation drops
+                stored -= self._storage.bytes_from(self._offset)
+        return stored + sum(map(entry_size_bytes, self._unstable[max(0, index - self._offset):]))
 
     def is_up_to_date(self, last_index: int, last_term: int) -> bool:
         """Raft 5.4.1: is a candidate's log at least as up to date as ours?"""

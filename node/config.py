@@ -150,6 +150,14 @@ class BrokerConfig:
     dleger_self_id: str = _key("dLegerSelfId", "")
     # Member that leadership is transferred to when it is healthy; empty = none.
     preferred_leader_id: str = _key("preferredLeaderId", "")
+    # DLedger's push quota: a follower more than peerPushThrottlePoint bytes behind the
+    # leader's last entry is pushed at most peerPushQuota bytes a second, so that catching it
+    # up leaves the leader to its producers; never while its acks are needed for a commit.
+    # (ours) peerPushQuota is 0 (no quota) by default, as Kafka's replication throttle and
+    # RocketMQ's haFlowControlEnable: at DLedger's 20 MiB a follower behind a group that
+    # writes faster than that never catches up.
+    peer_push_throttle_point: int = _key("peerPushThrottlePoint", 300 * 1024 * 1024)
+    peer_push_quota: int = _key("peerPushQuota", 0)
     # (ours) `n0-host:port;...`: every member's API address, for not-leader hints;
     # empty = each Raft host with the Raft port - 30000 (40911 -> 10911).
     dleger_peer_apis: str = _key("dLegerPeerApis", "")
@@ -343,6 +351,9 @@ def _check_dledger(c: BrokerConfig) -> None:
         _fail("dleger_self_id", f"must be one of the dLegerPeers ids {sorted(peers)}, got {c.dleger_self_id!r}")
     if c.preferred_leader_id and c.preferred_leader_id not in peers:
         _fail("preferred_leader_id", f"must be one of {sorted(peers)}, got {c.preferred_leader_id!r}")
+    for name, key in (("peer_push_throttle_point", "peerPushThrottlePoint"), ("peer_push_quota", "peerPushQuota")):
+        if not 0 <= getattr(c, name) <= 1 << 50:
+            _fail(name, f"{key} must be 0 to 2^50 bytes, got {getattr(c, name)}")
     if c.dleger_peer_apis:
         apis = parse_dleger_peers(c.dleger_peer_apis, key="dLegerPeerApis")
         if set(apis) != set(peers):

@@ -8,6 +8,7 @@ scripted scenarios; `run_seed` is the randomized fault run.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -400,10 +401,18 @@ class FaultRun:
         rng = random.Random(seed)
         node_count = nodes if nodes is not None else rng.choice([3, 3, 5])
         ids = tuple(f"n{number}" for number in range(node_count))
+        config = _random_config(rng, ids)
+        # DLedger's push quota on some runs, from a stream of its own (the seeds' other draws
+        # unchanged): tiny points and quotas, so followers behind are throttled often.
+        quota = random.Random(f"push-quota-{seed}")
+        if quota.random() < 0.3:
+            config = dataclasses.replace(config, push_throttle_point_bytes=quota.choice([0, 200, 1000]),
+                                         push_quota_bytes_per_tick=quota.choice([48, 100, 300]),
+                                         push_quota_window_ticks=quota.choice([1, 4]))
         self.cluster = Cluster(
             seed,
             node_count,
-            config=_random_config(rng, ids),
+            config=config,
             network=_random_network(rng),
             steps_hint=steps,
         )

@@ -95,6 +95,9 @@ class SimDisk:
             taken.append(record.entry)
         return taken
 
+    def bytes_from(self, index: int) -> int:
+        return sum(entry_size_bytes(r.entry) for r in self._records[max(0, index - self._base_index - 1):])
+
     # --- write side ------------------------------------------------------------------
 
     def append(self, entries: tuple[Entry, ...]) -> None:

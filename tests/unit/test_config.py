@@ -94,6 +94,11 @@ def test_dledger_settings_are_checked_together():
     with pytest.raises(ConfigError, match="dLegerPeers: entry 'n0h:1'"):
         parse_dleger_peers("n0h:1")
     assert parse_dleger_peers("n0-a:1; n1-b:2") == {"n0": "a:1", "n1": "b:2"}
+    group = {"enableDLegerCommitLog": "true", "dLegerGroup": "g", "dLegerSelfId": "n0", "dLegerPeers": "n0-h:1"}
+    with pytest.raises(ConfigError, match="peerPushQuota must be 0 to 2"):
+        from_properties({**group, "peerPushQuota": "-1"})
+    quota, _ = from_properties({**group, "peerPushQuota": "20971520"})
+    assert (quota.peer_push_quota, quota.peer_push_throttle_point) == (20 << 20, 300 << 20)
 
 
 def test_file_plus_environment_overrides(tmp_path):

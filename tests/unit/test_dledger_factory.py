@@ -30,6 +30,13 @@ def test_builds_from_config(tmp_path):
     assert log.peer_api_addrs == {"n0": "127.0.0.1:10911", "n1": "127.0.0.1:10921", "n2": "127.0.0.1:10913"}
 
 
+def test_the_push_quota_is_off_by_default_and_a_quota_a_second_becomes_one_a_tick(tmp_path):
+    rc = build_dledger_log(cfg(tmp_path / "a")).node.raft_config
+    assert (rc.push_quota_bytes_per_tick, rc.push_throttle_point_bytes) == (0, 300 << 20)
+    rc = build_dledger_log(cfg(tmp_path / "b", peer_push_quota=20 << 20, peer_push_throttle_point=1 << 30)).node.raft_config
+    assert (rc.push_quota_bytes_per_tick, rc.push_quota_window_ticks, rc.push_throttle_point_bytes) == (1 << 20, 20, 1 << 30)
+
+
 def test_refuses_when_disabled(tmp_path):
     with pytest.raises(ConfigError):
         build_dledger_log(BrokerConfig(store_path_root_dir=str(tmp_path)))

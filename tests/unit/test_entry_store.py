@@ -16,6 +16,7 @@ import pytest
 from dledger.entry_store import EntryStore, INDEX_SIZE, place_entry
 from dledger.messages import Entry, EntryType, HardState
 from dledger.raft_storage import Compacted
+from node.store import cold_reads
 from node.store import layout as L
 from node.store.errors import StoreFatal
 from node.store.fileio import FaultyFileSystem
@@ -660,3 +661,18 @@ def test_recovery_compares_the_index_file_in_batches(tmp_path, damaged):
     assert [s2.entry_at(i).index for i in (1, 8192, 8193, n)] == [1, 8192, 8193, n]
     assert len(reads) <= 2 * (n // ES._INDEX_VERIFY_BATCH + 2) + 6, len(reads)
     s2.close()
+
+
+def test_bytes_from_is_how_far_behind_a_follower_pushed_from_there_is(tmp_path, monkeypatch):
+    """The push quota's measure (DLedger's maxWrotePosition - entry pos): exact from the
+    index; for an entry whose index record would be an old read on the loop, estimated from
+    the log's average entry size instead of waiting for the disk."""
+    fs = FaultyFileSystem(30)
+    s, pos = _filled(fs, tmp_path)
+    end = s.end_pos
+    assert [s.bytes_from(i) for i in (1, 30, 60, 61)] == [end - pos[0], end - pos[29], end - pos[59], 0]
+    s, _ = reopen(s, fs, tmp_path)                 # nothing cached: entry_at reads the index file
+    monkeypatch.setattr(cold_reads, "HOT_BYTES", 0)
+    estimate = s.bytes_from(10)
+    assert abs(estimate - (end - pos[9])) <= 0.1 * (end - pos[9]), (estimate, end - pos[9])
+    s.close()

@@ -962,3 +962,52 @@ def test_a_push_whose_entries_are_not_cached_waits_for_entries_fetched_without_s
     assert queued(group, Append, destination="b"), "pushed once fetched"
     group.tick_all(CONFIG.heartbeat_ticks * 4)
     assert group.log_terms("b") == group.log_terms("a")
+
+
+# --- push quota (DLedger's peerPushThrottlePoint / peerPushQuota) ---------------------------
+
+QUOTA_CONFIG = RaftConfig(**{**CONFIG.__dict__, "push_throttle_point_bytes": 1000, "push_quota_bytes_per_tick": 300,
+                             "push_quota_window_ticks": 2, "max_inflight_pushes": 64})
+BODY = b"x" * 100                   # 148 bytes an entry (header included); a batch of 2: 296
+
+
+def _behind(group: Group, down: str, entries: int) -> None:
+    """The leader `a` commits `entries` entries while `down` hears nothing."""
+    for _ in range(entries // 2):
+        group.propose("a", BODY, BODY)
+        group.deliver(drop_node(down))
+    group.tick_all(CONFIG.push_timeout_ticks + 1, drop=drop_node(down))   # its pushes time out
+
+
+def _bytes_pushed_each_tick(group: Group, to: str, ticks: int, drop: DropRule | None = None) -> list[int]:
+    out = []
+    for _ in range(ticks):
+        seen: list[Queued] = []
+        rule = record_into(seen)
+        group.tick_all(1, drop=(lambda s, d, m: drop(s, d, m) or rule(s, d, m)) if drop else rule)
+        out.append(sum(48 + len(e.body) for s, d, m in seen if d == to and isinstance(m, Append) for e in m.entries))
+    return out
+
+
+def test_push_quota_a_follower_far_behind_is_pushed_at_most_its_quota_then_catches_up():
+    group = leader_group(config=QUOTA_CONFIG)
+    _behind(group, "c", 40)                        # c is 40 entries (5,920 bytes) behind
+    a = group["a"]
+    pushed = _bytes_pushed_each_tick(group, "c", 30)
+    far = [n for n in pushed[:8] if n]
+    assert far and max(far) <= 2 * 300 + 296, pushed      # a full bucket, plus the batch that overdrew it
+    assert sum(pushed[:8]) < 8 * 600, pushed
+    assert group.storages["c"].last_index() == a.last_index, "caught up in the end"
+    assert group.log_terms("c") == group.log_terms("a")
+
+
+def test_push_quota_never_holds_back_a_follower_whose_acks_a_commit_needs():
+    group = leader_group(config=QUOTA_CONFIG)
+    _behind(group, "c", 40)
+    group.tick_all(CONFIG.push_timeout_ticks + 1, drop=drop_node("b"))   # b stops answering: it needs c now
+    a = group["a"]
+    last = a.propose([b"after"])[1]
+    group.drain("a")
+    for _ in range(6):
+        group.tick_all(1, drop=drop_node("b"))
+    assert a.commit_index >= last, "c was fed at full speed: its acks make the majority"
