@@ -130,10 +130,11 @@ class DeferredDirSync:
     after it. Any number of names may wait once the directory holds a durable name before
     them: a crash then loses some of the newest files, possibly one between two others, and
     the owner's load sets aside what follows such a gap (`SegmentedFile.load`). In a
-    directory with no durable name (a new one, or one just opened, whose names the first
-    flush makes durable) one name waits and a second new file fsyncs the directory at once:
-    a crash could otherwise keep a later file with no earlier one to show the gap, and the
-    later file would be taken for the start. `sync()` may run on a flush thread."""
+    directory with no durable name (a new one, or one just opened until its names are
+    synced: the owners' loads do that at once, off the event loop) one name waits and a
+    second new file fsyncs the directory at once: a crash could otherwise keep a later file
+    with no earlier one to show the gap, and the later file would be taken for the start.
+    `sync()` may run on a flush thread."""
 
     def __init__(self, fs: "FileSystem", directory: str, existing: bool = False):
         self.fs, self.directory = fs, directory

@@ -386,6 +386,7 @@ class IndexService:
                     repaired.append(f.name)
                     self._rebuild_below(f, log_end_physical)
         self._names = DeferredDirSync(self.fs, self.directory, existing=bool(self.files))
+        self._names.sync()      # the names found, made durable at the start (as SegmentedFile.load)
         if self.files and self.files[-1].is_full and self.files[-1].seal():
             self.files[-1].sync()
         return repaired

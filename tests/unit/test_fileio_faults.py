@@ -68,6 +68,30 @@ def test_segments_created_by_appends_survive_a_crash_once_flushed_and_only_the_n
     assert sorted(os.listdir(str(tmp_path / "seg2"))) == ["00000000000000000000", "00000000000000000008"]
 
 
+def test_regression_a_restarted_file_set_rolls_before_its_first_flush_without_a_directory_fsync(tmp_path):
+    """The names a start finds are made durable by load() (run off the event loop at a start),
+    not by the first roll: a roll before the first flush fsynced the directory on the loop
+    (805 ms on a slow disk in a random-fault run). Still, a crash then keeps every file."""
+    fs = FaultyFileSystem(0)
+    d = str(tmp_path / "seg")
+    sf = SegmentedFile(fs, d, 8)
+    sf.ensure_writable(0).append(b"A" * 8)
+    assert sf.flush() == 8
+    sf.close()
+    sf = SegmentedFile(fs, d, 8)
+    sf.load()
+    sf.set_end(8)
+    calls: list[str] = []
+    real = fs.fsync_dir
+    fs.fsync_dir = lambda path: (calls.append(path), real(path))
+    sf.ensure_writable(8).append(b"B" * 8)         # the restart's first roll, before any flush
+    sf.ensure_writable(16).append(b"C" * 4)        # and a second one
+    assert calls == [], "a roll fsynced the directory"
+    assert sf.flush() == 20 and calls == [d]       # the flush syncs the new names, once
+    fs.crash()
+    assert sorted(os.listdir(d)) == [f"{i:020d}" for i in (0, 8, 16)]
+
+
 def test_torn_crash_keeps_at_most_a_prefix_of_the_last_write(tmp_path):
     seen = set()
     for seed in range(40):
