@@ -629,7 +629,7 @@ class DLedgerLog:
         store, policy = self.store, self.retention
         if policy is None or self.node.fatal is not None or self.node.core is None:
             return None
-        if self.node.holds_ready:   # e.g. a truncation being written: the log's end is moving
+        if self.node.truncating:    # the log's end is moving on a worker thread: next time
             return None
         ratio = 0.0
         if self.disk is not None:

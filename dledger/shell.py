@@ -282,6 +282,12 @@ class RaftNode:
         heard of it yet."""
         return self._stalled is not None or self._held is not None
 
+    @property
+    def truncating(self) -> bool:
+        """A worker thread is cutting the log's tail (a held Ready's truncation)."""
+        held = self._held
+        return held is not None and held.truncate_from is not None and not self._held_written
+
     def _check_not_held(self) -> None:
         if self._held is not None:
             what = "a truncation" if self._held.truncate_from is not None else "term and vote"
