@@ -248,8 +248,8 @@ PAGE_PROBE_WRITE = MIB
 def page_cache_probe(directory: str, size: int | None = None) -> dict:
     """What new page-cache pages cost on this machine right now: the system CPU of writing
     `size` (PAGE_PROBE_BYTES) of new file data in `directory` (no fsync; the file is removed
-    after), per GiB, and the write rate. Every message a node stores lands in new pages, so this cost is in each node's
-    system CPU per message. It is not constant: on a virtual machine whose memory the host
+    after), per GiB, and the write rate. Every message a node stores lands in new pages, so
+    this cost is in each node's system CPU per message. It is not constant: on a virtual machine whose memory the host
     backs lazily, pages never touched since boot (or handed back to the host once freed)
     cost several times more than reused ones, and a run's later rounds can pay it where its
     first did not. Read the ratios with it."""

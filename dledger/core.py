@@ -797,8 +797,7 @@ class RaftCore:
         the leader with the followers not that far behind and heard from within an election
         timeout make a majority (else a commit needs its acks)."""
         cfg = self._cfg
-        if (cfg.push_quota_bytes_per_tick <= 0 or peer == self._transfer_target
-                or progress.next < self._log.first_index()
+        if (peer == self._transfer_target or progress.next < self._log.first_index()
                 or self._log.bytes_from(progress.next) <= cfg.push_throttle_point_bytes):
             return False
         since = self._now - cfg.election_timeout_ticks_min
@@ -905,8 +904,10 @@ class RaftCore:
     def _send_pushes(self, peer: str, progress: _Progress) -> None:
         """Fill the pipeline, `pushes_per_turn` batches at a time: batches go out without
         waiting for acks."""
+        quota = self._cfg.push_quota_bytes_per_tick > 0
         for _ in range(self._cfg.pushes_per_turn):
-            progress.far_behind = self._far_behind(peer, progress)
+            if quota:
+                progress.far_behind = self._far_behind(peer, progress)
             if not self._can_push(progress):
                 return
             if progress.next < self._log.first_index():

@@ -654,6 +654,7 @@ class DLedgerLog:
         base, table = found
         broker = self.export_broker_state() if self.export_broker_state is not None else {}
         new = store.plan_base(base, _encode_base_state(table, broker))
+        removed: list[str] = []
         if new is not None:
             # The new base's state file and meta take four fsyncs, after any flush in progress:
             # on a worker thread, as the flushes (docs/raft.md, "Disk waits stay off the event loop").
@@ -662,9 +663,9 @@ class DLedgerLog:
             except DiskFull as e:   # no room for the new base's state file: nothing was deleted
                 log.warning("dledger %s: retention could not write the new base: %s", self.node.node_id, e)
                 return None
-        removed = store.cut_below_base(new) if new is not None else []
-        if new is not None and store.reserve is not None:
-            await asyncio.to_thread(store.reserve.ensure, True)   # a spent reserve comes back after a cut
+            removed = store.cut_below_base(new)
+            if store.reserve is not None:
+                await asyncio.to_thread(store.reserve.ensure, True)   # a spent reserve comes back after a cut
         for k in [k for k in self._file_tables if k <= decision.delete_upto]:
             del self._file_tables[k]
         if self.disk is not None:

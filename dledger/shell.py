@@ -511,27 +511,23 @@ class RaftNode:
                                                     int((time.perf_counter() - t0) * 1e6))
             if self.listener is not None:
                 self.listener.on_truncated(rd.truncate_from)
-        if rd.hard_state is None:
-            self._held_written = True
-            self._clock_paused_until = time.monotonic() + min(time.perf_counter() - t0, SLOW_WRITE_PAUSE_MAX_S)
-            self._wake.set()
-            return
-        t1 = time.perf_counter()
-        try:
-            await asyncio.to_thread(self.store.set_hard_state, rd.hard_state)
-        except DiskFull as e:
-            self._held = None
-            self._stall(rd, e)
-        except StoreError as e:
-            self._held = None
-            self._die(e)
-            return
-        else:
+        if rd.hard_state is not None:
+            t1 = time.perf_counter()
+            try:
+                await asyncio.to_thread(self.store.set_hard_state, rd.hard_state)
+            except DiskFull as e:
+                self._held = None
+                self._stall(rd, e)
+            except StoreError as e:
+                self._held = None
+                self._die(e)
+                return
+            self.metrics["hard_state_writes"] += 1
+            self.metrics["hard_state_write_us_max"] = max(self.metrics["hard_state_write_us_max"],
+                                                          int((time.perf_counter() - t1) * 1e6))
+        if self._held is rd:
             self._held_written = True
         self._clock_paused_until = time.monotonic() + min(time.perf_counter() - t0, SLOW_WRITE_PAUSE_MAX_S)
-        us = int((time.perf_counter() - t1) * 1e6)
-        self.metrics["hard_state_writes"] += 1
-        self.metrics["hard_state_write_us_max"] = max(self.metrics["hard_state_write_us_max"], us)
         self._wake.set()
 
     def _cut(self, rd: Ready, handled: list[Ready]) -> None:

@@ -376,6 +376,11 @@ def test_an_append_that_meets_a_full_disk_leaves_the_store_as_it_was(tmp_path, b
 # --- retention: compact_to and the base state ------------------------------------------------
 
 
+def _first_of_file(pos: list[int], file_no: int) -> int:
+    """The index of the first entry at or past the start of data file `file_no` (0-based)."""
+    return next(i for i, p in enumerate(pos, 1) if p >= file_no * SEG)
+
+
 def _filled(fs, root, n=60):
     s = open_store(fs, root)
     pos = s.append(mk(1, n))
@@ -387,7 +392,7 @@ def _filled(fs, root, n=60):
 def test_compact_to_deletes_whole_files_below_the_new_base_and_survives_a_restart(tmp_path):
     fs = FaultyFileSystem(20)
     s, pos = _filled(fs, tmp_path)
-    k = next(i for i, p in enumerate(pos, 1) if p >= 3 * SEG)     # first entry of the 4th file
+    k = _first_of_file(pos, 3)     # first entry of the 4th file
     removed = s.compact_to(k - 1, b"queues as of k-1")
     assert sorted(os.path.basename(p) for p in removed if "/data/" in p) == [f"{i * SEG:020d}" for i in range(3)]
     assert (s.first_index(), s.start_pos, s.term(k - 1)) == (k, 3 * SEG, 1)
@@ -421,7 +426,7 @@ def test_compact_to_refuses_what_is_not_committed_fsynced_and_followed(tmp_path)
 def test_a_follower_reset_with_the_leaders_base_state_continues_at_the_leaders_positions(tmp_path):
     fs = FaultyFileSystem(22)
     leader, pos = _filled(fs, tmp_path / "a")
-    k = next(i for i, p in enumerate(pos, 1) if p >= 2 * SEG)
+    k = _first_of_file(pos, 2)
     leader.compact_to(k - 1, b"table")
     follower = open_store(fs, tmp_path / "b")
     follower.append(mk(1, 3))
@@ -455,7 +460,7 @@ def test_between_write_base_and_cut_the_store_serves_the_old_base_and_every_meta
     the new one may be gone by the next crash."""
     fs = FaultyFileSystem(27)
     s, pos = _filled(fs, tmp_path)
-    k = next(i for i, p in enumerate(pos, 1) if p >= 2 * SEG)
+    k = _first_of_file(pos, 2)
     new = s.plan_base(k - 1, b"as of k-1")
     s.write_base(new)
     assert (s.first_index(), s.start_pos, s.entries(1, 2, 1 << 30)) == (1, 0, mk(1, 1))
@@ -473,7 +478,7 @@ def test_between_write_base_and_cut_the_store_serves_the_old_base_and_every_meta
 def test_a_crash_after_write_base_recovers_to_the_new_base(tmp_path):
     fs = FaultyFileSystem(28)
     s, pos = _filled(fs, tmp_path)
-    k = next(i for i, p in enumerate(pos, 1) if p >= 2 * SEG)
+    k = _first_of_file(pos, 2)
     s.write_base(s.plan_base(k - 1, b"new"))      # the worker's part; the loop's never ran
     s, rep = reopen(s, fs, tmp_path)
     assert (rep.first_index, s.start_pos, s.base_app_state) == (k, 2 * SEG, b"new")
@@ -484,7 +489,7 @@ def test_a_crash_after_write_base_recovers_to_the_new_base(tmp_path):
 def test_a_reset_between_write_base_and_cut_wins_and_the_cut_does_nothing(tmp_path):
     fs = FaultyFileSystem(29)
     leader, lpos = _filled(fs, tmp_path / "a")
-    k = next(i for i, p in enumerate(lpos, 1) if p >= 3 * SEG)
+    k = _first_of_file(lpos, 3)
     leader.compact_to(k - 1, b"leader's table")
     s, _ = _filled(fs, tmp_path / "b", n=20)
     new = s.plan_base(10, b"mine")
