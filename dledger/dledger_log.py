@@ -623,9 +623,9 @@ class DLedgerLog:
         """The store's DiskReserve (None without one): the broker puts it back once there is room."""
         return self.store.reserve
 
-    async def retention_tick(self, now: datetime | None = None) -> RetentionDecision | None:
-        """Delete expired head data files (the broker calls this every ~10 s); see the module
-        docstring. None when retention is off or nothing may go yet."""
+    async def retention_tick(self, now: datetime | None = None, manual: bool = False) -> RetentionDecision | None:
+        """Delete expired head data files (the broker calls this every ~10 s; `manual`: at any
+        hour); see the module docstring. None when retention is off or nothing may go yet."""
         store, policy = self.store, self.retention
         if policy is None or self.node.fatal is not None or self.node.core is None:
             return None
@@ -641,7 +641,7 @@ class DLedgerLog:
         safe_upto = min(self._end_of(safe_index), self._scan_floor)
         ages = segment_ages([(sg.base, sg.path) for sg in store.data.segments], store.segment_size, store.end_pos,
                             store.fs.mtime)
-        decision = decide(policy, now or datetime.now(), ages, ratio, safe_upto)
+        decision = decide(policy, now or datetime.now(), ages, ratio, safe_upto, manual)
         if not decision.delete_bases:
             return decision
         # The cut is a file start, where a first entry begins; the files below end at or before

@@ -799,8 +799,8 @@ class HALog:
     def queue_offset_of(self, topic: str, queue_id: int) -> int:
         return self.local.queue_offset_of(topic, queue_id)
 
-    async def retention_tick(self, now=None):
-        return await self.local.retention_tick(now)
+    async def retention_tick(self, now=None, manual: bool = False):
+        return await self.local.retention_tick(now, manual)
 
     @property
     def disk_reserve(self):

@@ -6,6 +6,7 @@
     mqstore brokerStatus | send -t T -b hello | pull -t T -q 0 -o 0
     mqstore clusterList | topicRoute -t T | deleteTopic -t T | getBrokerConfig
     mqstore consumerProgress [-g G] | resetOffsetByTime -g G -t T -s now
+    mqstore deleteExpiredCommitLog [--all]
 Every admin verb takes `-n host:port` (default 127.0.0.1:10911) and `--json` for scripts.
 Tables use mqadmin's columns so existing habits and scripts carry over.
 """
@@ -428,6 +429,29 @@ def cmd_delete_topic(a) -> tuple[Any, str]:
     return doc, f"delete topic [{a.topic}] from cluster [{cluster}] success.\n"
 
 
+def cmd_delete_expired_commitlog(a) -> tuple[Any, str]:
+    targets = [a.endpoint]
+    if a.all:
+        targets = [n["api"] for n in call(a.endpoint, "GET", "/cluster/nodes")["nodes"]]
+    docs, lines = [], []
+    for addr in targets:
+        try:
+            doc = call(addr, "POST", "/commitlog/delete-expired", {})
+        except CliError as e:
+            if not a.all:
+                raise
+            docs.append({"api": addr, "error": str(e)})
+            lines.append(f"deleteExpiredCommitLog on {addr}: failed: {e}\n")
+            continue
+        docs.append(doc)
+        lines.append(f"deleteExpiredCommitLog on {addr} [{doc['broker_name']}]: success (the next "
+                     f"{doc['manual_delete_passes']} retention passes delete files older than fileReservedTime "
+                     f"at any hour)\n")
+    if all("error" in d for d in docs):
+        raise CliError("".join(lines).strip())
+    return {"nodes": docs}, "".join(lines)
+
+
 def _group_members(endpoint: str, group: str) -> list[dict] | None:
     """Live members of a group, or None (with a warning on stderr) when the node cannot say: the
     membership table lives on the node that accepts writes, and a follower refuses."""
@@ -611,6 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-s", "--timestamp", required=True, help="now, ms, or yyyy-MM-dd#HH:mm:ss:SSS")
     _admin(sub, "getBrokerConfig", cmd_get_broker_config, "the node's broker.conf values")
+    p = _admin(sub, "deleteExpiredCommitLog", cmd_delete_expired_commitlog,
+               "delete commitlog files older than fileReservedTime now, not at deleteWhen's hour")
+    p.add_argument("--all", action="store_true", help="every member of the node's group (/cluster/nodes)")
     p = _admin(sub, "send", cmd_send, "send one message")
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-b", "--body", required=True)

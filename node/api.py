@@ -368,6 +368,13 @@ async def get_config(request: web.Request) -> web.Response:
                            "config": to_properties(b.config)})
 
 
+async def delete_expired_commitlog(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    passes = b.delete_expired_manually()
+    return reply(request, {"broker_name": b.config.group, "api": b.config.api_address, "manual_delete_passes": passes,
+                           "min_offset": b.log.min_physical_offset})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
@@ -419,6 +426,7 @@ ROUTES: list[tuple[str, str, Callable]] = [
     ("GET", "/groups/{group}/progress", group_progress),
     ("POST", "/groups/{group}/offsets/reset", reset_offsets),
     ("GET", "/config", get_config),
+    ("POST", "/commitlog/delete-expired", delete_expired_commitlog),
     ("GET", "/openapi.json", openapi),
     ("GET", "/metrics", metrics),
 ]

@@ -38,6 +38,7 @@ from node.store.cold_reads import read_without_stalling
 from node.store.errors import (ApplyTimeout, BadRequest, CorruptRecord, InvalidMessage, MessageNotFound,
                                MessageTooLarge, NoPermission, NotLeader, StoreError, TopicNotExist, is_enospc)
 from node.store.message import MessageDraft, StoredMessage
+from node.store.retention import MAX_MANUAL_DELETE_PASSES
 from node.store.scrub import CorruptData, CorruptionRegistry, report_read_failure, scrubber_for
 
 log = logging.getLogger(__name__)
@@ -333,6 +334,8 @@ class Broker:
         self.fatal: BaseException | None = None            # set when a background task dies
         self.loop_watchdog = None                           # node/loop_watchdog.py, set by serve()
         self._snapshot_lock = threading.Lock()              # one snapshot write at a time (a thread's, stop's)
+        self.manual_delete_passes = 0                       # retention passes left that ignore deleteWhen
+        self._retention_now = asyncio.Event()               # an admin asked for a retention pass
         # Known corrupt ranges (node/store/scrub.py): the log's own registry when it has one (DLedger).
         registry = getattr(rlog, "corruption", None)
         self.corruption: CorruptionRegistry = registry if registry is not None else CorruptionRegistry()
@@ -423,20 +426,39 @@ class Broker:
             self.fatal = e
             self.ready = False
 
+    def delete_expired_manually(self) -> int:
+        """mqadmin's deleteExpiredCommitLog (RocketMQ's executeDeleteFilesManually): the next
+        MAX_MANUAL_DELETE_PASSES retention passes delete expired files whatever deleteWhen says,
+        the first of them now. Returns that number of passes."""
+        self.manual_delete_passes = MAX_MANUAL_DELETE_PASSES
+        self._retention_now.set()
+        log.info("executeDeleteFilesManually was invoked: the next %d retention passes delete expired files "
+                 "at any hour", MAX_MANUAL_DELETE_PASSES)
+        return MAX_MANUAL_DELETE_PASSES
+
     async def _retention_loop(self) -> None:
         """Every RESERVE_CHECK_S a reserve given up on a full disk is put back if the disk has room
-        again; every RETENTION_TICKS of those, retention runs."""
+        again; every RETENTION_TICKS of those, or at once when an admin asks, retention runs."""
         tick = getattr(self.log, "retention_tick", None)
         reserve = getattr(self.log, "disk_reserve", None)
-        for n in itertools.count(1):
-            await asyncio.sleep(RESERVE_CHECK_S)
+        n = 0
+        while True:
+            try:
+                await asyncio.wait_for(self._retention_now.wait(), RESERVE_CHECK_S)
+                n = 0                               # asked: retention now, the next pass a full period on
+            except asyncio.TimeoutError:
+                n += 1
+            self._retention_now.clear()
             if reserve is not None:
                 reserve.restore_if_room()
             self._release_held_writes()
             if n % RETENTION_TICKS:
                 continue
+            manual = self.manual_delete_passes > 0
+            if manual:
+                self.manual_delete_passes -= 1
             if tick is not None:
-                await _maybe_await(tick())
+                await _maybe_await(tick(manual=manual))
             # Consume queues and index files follow the commitlog's head.
             min_phys = self.log.min_physical_offset
             self.cq_store.delete_expired(min_phys)

@@ -405,14 +405,14 @@ class LocalLog:
     def disk_reserve(self) -> DiskReserve:
         return self.reserve
 
-    async def retention_tick(self, now: datetime | None = None) -> RetentionDecision:
-        """Delete expired head segments (the broker calls this every ~10 s)."""
+    async def retention_tick(self, now: datetime | None = None, manual: bool = False) -> RetentionDecision:
+        """Delete expired head segments (the broker calls this every ~10 s; `manual`: at any hour)."""
         now = now or datetime.now()
         async with self._io_lock:   # never delete a file under a flush in progress
             self.disk.recheck()
             ratio = self.disk.ratio()
             safe = min(self._committed, self.commitlog.flushed_offset)
-            decision = self.commitlog.delete_expired(self.config.retention, now, ratio, safe_upto=safe)
+            decision = self.commitlog.delete_expired(self.config.retention, now, ratio, safe_upto=safe, manual=manual)
         if decision.delete_bases:
             self.reserve.ensure(freed=True)   # put back from the room the deletion made
         return decision

@@ -82,6 +82,12 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": _ok({"type": "object"}), **_errors(400, 404, 421, 503)}}},
         "/config": {"get": {"summary": "getBrokerConfig: the node's broker.conf keys and values",
                             "responses": {"200": _ok({"type": "object"})}}},
+        "/commitlog/delete-expired": {"post": {
+            "summary": "deleteExpiredCommitLog: the next 20 retention passes (the first at once) delete the "
+                       "commitlog files older than fileReservedTime at any hour, not only at deleteWhen's",
+            "responses": {"200": _ok({"type": "object", "properties": {
+                "manual_delete_passes": {"type": "integer"},
+                "min_offset": {"type": "integer", "description": "the commitlog's first offset, before the pass"}}})}}},
         "/topics/{topic}/messages": {
             "post": {"summary": "Send messages (one atomic batch); results in order", "parameters": [TOPIC],
                      "requestBody": _body(_ref("SendRequest")),

@@ -341,6 +341,6 @@ class CommitLog:
         return self.files.delete_head(upto_offset)
 
     def delete_expired(self, policy: RetentionPolicy, now: datetime, disk_ratio: float,
-                       safe_upto: int | None = None) -> RetentionDecision:
+                       safe_upto: int | None = None, manual: bool = False) -> RetentionDecision:
         """Apply the retention policy: delete expired head files (see node.store.retention)."""
-        return retention.apply(self, policy, now, disk_ratio, safe_upto)
+        return retention.apply(self, policy, now, disk_ratio, safe_upto, manual=manual)

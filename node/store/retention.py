@@ -9,7 +9,9 @@ RocketMQ's rules:
 - above the clean-forcibly ratio (85 %) segments are deleted even if not expired;
 - above `diskSpaceWarningLevelRatio` (90 %) writes are refused (DiskFull);
 - deletion goes from the head, stops at the first segment that may not go (no holes),
-  takes at most `delete_files_batch_max` per run, and never the segment being written.
+  takes at most `delete_files_batch_max` per run, and never the segment being written;
+- an admin's `deleteExpiredCommitLog` (executeDeleteFilesManually) makes the next
+  MAX_MANUAL_DELETE_PASSES runs delete expired segments at any hour (`manual`).
 `apply` feeds a CommitLog's real segments and mtimes into `decide` and deletes.
 """
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
     from node.store.commitlog import CommitLog
 
 log = logging.getLogger(__name__)
+
+MAX_MANUAL_DELETE_PASSES = 20     # RocketMQ's MAX_MANUAL_DELETE_FILE_TIMES
 
 
 class RetentionConfigError(InvalidMessage):
@@ -78,22 +82,23 @@ class RetentionDecision:
     delete_bases: tuple[int, ...]   # head segments to delete, in order
     delete_upto: int                # delete_head(delete_upto) removes exactly those
     refuse_writes: bool             # disk at or above the warning level
-    reason: str                     # "time", "disk", "forced", or "none"
+    reason: str                     # "time", "disk", "forced", "manual", or "none"
 
 
 def decide(policy: RetentionPolicy, now: datetime, segments: Sequence[SegmentAge], disk_ratio: float,
-           safe_upto: int | None = None) -> RetentionDecision:
+           safe_upto: int | None = None, manual: bool = False) -> RetentionDecision:
     """Which head segments go now, and whether writes are refused. Pure.
 
     `disk_ratio` is used/total in 0..1. `safe_upto`: segments ending past it are kept
     (the caller passes its flushed and committed end). The last segment is never deleted.
+    `manual`: an admin asked (deleteExpiredCommitLog): expired segments go whatever the hour.
     """
     percent = disk_ratio * 100.0
     refuse = percent >= policy.disk_space_warning_level_ratio
     forced = percent >= policy.disk_space_clean_forcibly_ratio
     space = percent >= policy.disk_max_used_space_ratio
     time_up = now.hour in policy.delete_hours()
-    if not (time_up or space or forced):
+    if not (time_up or space or forced or manual):
         return RetentionDecision((), _upto(segments, ()), refuse, "none")
     expire_before = now.timestamp() - policy.file_reserved_time_hours * 3600
     chosen: list[int] = []
@@ -105,7 +110,8 @@ def decide(policy: RetentionPolicy, now: datetime, segments: Sequence[SegmentAge
         if not (forced or seg.mtime_s <= expire_before):
             break                                 # no holes: stop at the first one that stays
         chosen.append(seg.base)
-    reason = "none" if not chosen else ("forced" if forced else ("disk" if space and not time_up else "time"))
+    reason = "none" if not chosen else ("forced" if forced else "disk" if space and not time_up else
+                                        "time" if time_up else "manual")
     return RetentionDecision(tuple(chosen), _upto(segments, chosen), refuse, reason)
 
 
@@ -132,7 +138,8 @@ def file_mtime_s(path: str) -> float:
 
 
 def apply(commitlog: "CommitLog", policy: RetentionPolicy, now: datetime, disk_ratio: float,
-          safe_upto: int | None = None, mtime_of: Callable[[str], float] | None = None) -> RetentionDecision:
+          safe_upto: int | None = None, mtime_of: Callable[[str], float] | None = None,
+          manual: bool = False) -> RetentionDecision:
     """Decide for `commitlog`'s segments and delete the chosen head files. File ages come
     from the commitlog's FileSystem (`fs.mtime`) unless `mtime_of` is given."""
     if mtime_of is None:
@@ -140,7 +147,7 @@ def apply(commitlog: "CommitLog", policy: RetentionPolicy, now: datetime, disk_r
     infos = commitlog.segment_infos()
     ages = segment_ages([(s.base, s.path) for s in infos], commitlog.segment_size, infos[-1].end if infos else 0,
                         mtime_of)
-    decision = decide(policy, now, ages, disk_ratio, safe_upto)
+    decision = decide(policy, now, ages, disk_ratio, safe_upto, manual)
     if decision.delete_bases:
         removed = commitlog.delete_head(decision.delete_upto)
         assert len(removed) == len(decision.delete_bases), "delete_head must remove exactly the chosen files"

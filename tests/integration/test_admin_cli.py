@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import time
 
 import pytest
@@ -99,3 +100,39 @@ def test_consumer_progress_names_the_live_members_and_their_queues(node):
     assert http(p, "DELETE", "/groups/CG/members/10.0.0.1@a")[0] == 200
     prog = run(p, "consumerProgress", "-g", "CG")
     assert [r["client_id"] for r in prog["queues"]] == ["10.0.0.2@b", "10.0.0.2@b"]
+
+
+def test_delete_expired_commitlog_cuts_a_standalone_log_outside_the_delete_hour(tmp_path):
+    """deleteWhen is twelve hours off and the disk nearly empty: only the admin's request cuts."""
+    port = free_port()
+    hour = time.localtime().tm_hour
+    n = NodeProcess(write_conf(tmp_path, port, f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
+                                               f"deleteWhen={(hour + 12) % 24:02d}\n"), port, str(tmp_path / "node.log"))
+    n.start()
+    try:
+        assert http(port, "POST", "/topics", {"topic": "Old", "queues": 1})[0] == 200
+        for i in range(0, 1000, 100):
+            assert http(port, "POST", "/topics/Old/messages",
+                        {"messages": [{"body": f"m{j:04d}" + "x" * 1000, "queue_id": 0} for j in range(i, i + 100)]})[0] == 200
+        wait_dispatched(port, "Old", 0, 1000)
+        d = tmp_path / "store" / "commitlog"
+        files = sorted(os.listdir(d))
+        assert len(files) >= 4, files
+        aged = time.time() - 2 * 3600
+        for f in files[:-1]:
+            os.utime(d / f, (aged, aged))
+        deadline = time.monotonic() + 5       # only flushed files go: the first periodic flush (500 ms)
+        while http(port, "GET", "/cluster")[1]["log"]["flushed_offset"] < int(files[-1]):
+            assert time.monotonic() < deadline, "not flushed"
+            time.sleep(0.1)
+        doc = run(port, "deleteExpiredCommitLog")
+        assert doc["nodes"][0]["manual_delete_passes"] == 20 and doc["nodes"][0]["min_offset"] == 0
+        deadline = time.monotonic() + 8
+        while http(port, "GET", "/topics/Old")[1]["queues"][0]["min_offset"] == 0:
+            assert time.monotonic() < deadline, "the expired head was not cut at once"
+            time.sleep(0.2)
+        assert len(os.listdir(d)) < len(files)
+        status, doc = http(port, "GET", "/topics/Old/queues/0/messages?offset=999&max=1")
+        assert status == 200 and doc["messages"][0]["body"].startswith("m0999")
+    finally:
+        n.kill9()

@@ -17,13 +17,15 @@ Method: three brokers in DLedger mode (build_broker, real files and loopback soc
 event loop, 128 KiB data files; retention is ticked by hand with a clock at 04:00 so files
 written moments ago count as expired (fileReservedTime=1 hour). Then a group of real node
 processes, whose own retention loop (every 10 s) cuts files aged by two hours (os.utime) at
-a deleteWhen of this hour; kill -9 of all three and a restart continue the queue.
+a deleteWhen of this hour; kill -9 of all three and a restart continue the queue; and
+`mqstore deleteExpiredCommitLog --all` cuts them at once, twelve hours from deleteWhen's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import os
 import time
 from datetime import datetime
@@ -322,6 +324,31 @@ def _age_head_files(g: DLedgerGroup, nodes) -> dict[str, str]:
         for f in files[:-1]:
             os.utime(os.path.join(d, f), (aged, aged))
     return dirs
+
+
+def test_delete_expired_commitlog_cuts_every_replica_at_once_outside_the_delete_hour(tmp_path):
+    from mqstore import cli
+    hour = datetime.now().hour
+    g = DLedgerGroup(tmp_path, extra=f"mappedFileSizeCommitLog={256 * 1024}\nfileReservedTime=1\n"
+                                     f"deleteWhen={(hour + 12) % 24:02d}\n").start()
+    try:
+        leader = g.leader()
+        assert http(g.api[leader], "POST", "/topics", {"topic": "R", "queues": 1})[0] == 200
+        _send_r(g, leader, 0, 1200)
+        _wait(lambda: all(_queue(g, x).get("max_offset") == 1200 for x in g.nodes), 30, "every replica dispatched", g)
+        data = _age_head_files(g, g.nodes)
+        before = {x: len(os.listdir(data[x])) for x in g.nodes}
+        time.sleep(1.5)     # a pass cuts only below the durable mark, checkpointed about once a second
+        out = io.StringIO()
+        assert cli.main(["deleteExpiredCommitLog", "--all", "-n", f"127.0.0.1:{g.api[leader]}"], out=out) == 0
+        assert out.getvalue().count(": success (the next 20 retention passes") == 3, out.getvalue()
+        # The pass runs at once, not at the next 10 s period nor at deleteWhen's hour (12 hours off).
+        _wait(lambda: all(_queue(g, x).get("min_offset", 0) > 0 and len(os.listdir(data[x])) < before[x]
+                          for x in g.nodes), 8, "every replica cut its expired head at once", g)
+        st, doc = http(g.api[leader], "POST", "/topics/R/messages", {"messages": [{"body": "after", "queue_id": 0}]})
+        assert st == 200 and doc["results"][0]["queue_offset"] == 1200, doc
+    finally:
+        g.close()
 
 
 def test_node_processes_cut_expired_files_and_continue_the_queue_after_a_kill9_of_all(tmp_path):

@@ -1,7 +1,7 @@
 """Retention decisions (pure) and their application to a CommitLog.
 
 Method: `decide` gets hand-built segment ages and disk ratios, one rule per test:
-expiry at deleteWhen, any hour above 75 %, forced above 85 %, refuse at 90 %,
+expiry at deleteWhen, any hour after an admin's deleteExpiredCommitLog, any hour above 75 %, forced above 85 %, refuse at 90 %,
 no holes, batch limit, never the last segment, never past the safe offset.
 """
 
@@ -48,6 +48,13 @@ def test_several_delete_hours_are_accepted():
     assert decide(p, NOW.replace(hour=16), ages(100, 1), 0.1).delete_bases == (0,)
     with pytest.raises(RetentionConfigError):
         RetentionPolicy(delete_when="04;25").validate()
+
+
+def test_manual_deletion_takes_expired_segments_at_any_hour_and_no_young_one():
+    d = decide(P, NOW.replace(hour=13), ages(100, 80, 10, 200), 0.30, manual=True)
+    assert (d.delete_bases, d.reason) == ((0, SEG), "manual")
+    assert decide(P, NOW.replace(hour=13), ages(1, 100, 200), 0.30, manual=True).delete_bases == ()
+    assert decide(P, NOW, ages(100, 1), 0.30, manual=True).reason == "time"
 
 
 def test_above_75_percent_expired_segments_go_at_any_hour():
