@@ -315,7 +315,8 @@ class EntryStore:
         """The base's state as InstallBase carries it: ENTRY_BASE_STATE + the broker's bytes."""
         if self.meta.base_index == 0:
             return b""
-        return L.ENTRY_BASE_STATE.pack(self.meta.base_pos, _crc32(self.base_app_state)) + self.base_app_state
+        m = self.meta
+        return L.ENTRY_BASE_STATE.pack(m.base_pos, m.base_chain, _crc32(self.base_app_state)) + self.base_app_state
 
     def bytes_from(self, index: int) -> int:
         """The log's bytes from entry `index` to its end, blanks at file ends included (how far
@@ -560,26 +561,28 @@ class EntryStore:
 
     def reset_to(self, base_index: int, base_term: int, state: bytes = b"", *, base_pos: int | None = None) -> None:
         """Drop everything; the log restarts after (base_index, base_term) with the leader's
-        base `state` (`base_state()` of the leader: its base pos and the broker's state).
+        base `state` (`base_state()` of the leader: its base pos, its base entry's chain CRC,
+        from which the next entry's chains, as the leader's do, and the broker's state).
 
         The follower must put entry base_index+1 where the leader has it: at the state's
         base pos, or `base_pos`; with neither it is derived from the first NORMAL entry
         appended next (its record carries PHYSICALOFFSET = pos + 48). The state file and
         then meta are written first, so a crash mid-reset recovers to the new base (old
         files below it are removed at recovery)."""
-        app = b""
+        app, chain = b"", 0
         if state:
-            base_pos, app = _parse_base_state(state, f"InstallBase state for base {base_index}")
+            base_pos, got, app = _parse_base_state(state, f"InstallBase state for base {base_index}")
+            chain = got or 0
         with self.flush_lock:
-            self._reset_to(base_index, base_term, base_pos, app)
+            self._reset_to(base_index, base_term, base_pos, chain, app)
 
-    def _reset_to(self, base_index: int, base_term: int, base_pos: int | None, app: bytes) -> None:
+    def _reset_to(self, base_index: int, base_term: int, base_pos: int | None, chain: int, app: bytes) -> None:
         m = self.meta
         pos = base_pos if base_pos is not None else self._end_pos
-        self._write_base_state(base_index, pos, app)
+        self._write_base_state(base_index, pos, chain, app)
         with self._meta_lock:          # a compaction's pending base is replaced, in one write
             self._pending_base = None
-            m.base_index, m.base_term, m.base_chain = base_index, base_term, 0
+            m.base_index, m.base_term, m.base_chain = base_index, base_term, chain
             m.base_pos = pos
             m.checkpoint_index = max(m.checkpoint_index, base_index)
             m.committed = max(m.committed, base_index)
@@ -589,7 +592,7 @@ class EntryStore:
         self.data.reset_to(m.base_pos)
         self.index.reset_to((base_index + 1) * INDEX_SIZE)
         self._last_index, self._last_term = base_index, base_term
-        self._end_pos, self._last_chain = m.base_pos, 0
+        self._end_pos, self._last_chain = m.base_pos, chain
         self._flushed_index = base_index
         self._run_starts, self._run_terms = [], []
         self._cache_cut(0)
@@ -673,7 +676,7 @@ class EntryStore:
         """The state file, then meta naming the new base (`fields`: meta's base_*). On failure
         meta on disk keeps the old base; DiskFull on ENOSPC."""
         try:
-            self._write_base_state(fields["base_index"], fields["base_pos"], app_state)
+            self._write_base_state(fields["base_index"], fields["base_pos"], fields["base_chain"], app_state)
             with self._meta_lock:      # (not over the state file's fsyncs: a term and vote wait for it)
                 before, self._pending_base = self._pending_base, fields
                 try:
@@ -690,10 +693,10 @@ class EntryStore:
     def _state_path(self, base_index: int) -> str:
         return os.path.join(self.dir, f"base-{base_index:020d}.state")
 
-    def _write_base_state(self, base_index: int, base_pos: int, app: bytes) -> None:
+    def _write_base_state(self, base_index: int, base_pos: int, chain: int, app: bytes) -> None:
         try:
             self.fs.write_atomic(self._state_path(base_index),
-                                 L.ENTRY_BASE_STATE.pack(base_pos, _crc32(app)) + app)
+                                 L.ENTRY_BASE_STATE.pack(base_pos, chain, _crc32(app)) + app)
         except OSError as e:
             raise StoreFatal(f"writing {self._state_path(base_index)} failed: {e}") from e
 
@@ -706,10 +709,13 @@ class EntryStore:
             log.warning("%s: no state file for base %d; queue offsets continue from what the log holds",
                         self.dir, m.base_index)
             return b""
-        pos, app = _parse_base_state(self.fs.read_file(path), path)
+        pos, chain, app = _parse_base_state(self.fs.read_file(path), path)
         if pos != m.base_pos:   # a crash while a reset learned its pos (_rebase_empty): meta's is the newer
             log.warning("%s: state file puts base %d at %d, meta at %d; meta's kept", self.dir, m.base_index,
                         pos, m.base_pos)
+        elif chain is not None and chain != m.base_chain:
+            log.warning("%s: state file gives base %d the chain CRC %d, meta %d; meta's kept", self.dir,
+                        m.base_index, chain, m.base_chain)
         return app
 
     def _remove_stale_states(self, keep: int | None = None) -> None:
@@ -1068,7 +1074,7 @@ class EntryStore:
             self._pending_base = None
             self.meta.base_pos = pos
             self._write_meta()
-        self._write_base_state(self.meta.base_index, pos, self.base_app_state)
+        self._write_base_state(self.meta.base_index, pos, self.meta.base_chain, self.base_app_state)
         self.data.reset_to(pos)
         self._end_pos = pos
         self._pos_unknown = False
@@ -1125,15 +1131,17 @@ class EntryStore:
             raise StoreFatal(f"writing {self.meta_path} failed: {e}") from e
 
 
-def _parse_base_state(raw: bytes, what: str) -> tuple[int, bytes]:
-    """(base pos, the broker's state) from ENTRY_BASE_STATE + state; StoreFatal if damaged."""
-    if len(raw) < L.ENTRY_BASE_STATE.size:
-        raise StoreFatal(f"{what}: {len(raw)} bytes, shorter than its header")
-    pos, crc = L.ENTRY_BASE_STATE.unpack_from(raw)
-    app = raw[L.ENTRY_BASE_STATE.size:]
-    if pos < 0 or _crc32(app) != crc:
-        raise StoreFatal(f"{what} is damaged (pos {pos}, crc mismatch: {_crc32(app) != crc})")
-    return pos, app
+def _parse_base_state(raw: bytes, what: str) -> tuple[int, int | None, bytes]:
+    """(base pos, base chain CRC, the broker's state) from ENTRY_BASE_STATE + state; StoreFatal
+    if damaged. A header written before base_chain existed (ENTRY_BASE_STATE_V1, told apart by
+    its state CRC) gives None for the chain."""
+    for layout in (L.ENTRY_BASE_STATE, L.ENTRY_BASE_STATE_V1):
+        if len(raw) >= layout.size:
+            *head, crc = layout.unpack_from(raw)
+            app = raw[layout.size:]
+            if head[0] >= 0 and _crc32(app) == crc:
+                return head[0], (head[1] if len(head) == 2 else None), app
+    raise StoreFatal(f"{what} is damaged ({len(raw)} bytes; no header whose state CRC matches)")
 
 
 def _within_budget(entries: list[Entry], max_bytes: int) -> list[Entry]:

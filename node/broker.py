@@ -444,9 +444,10 @@ class Broker:
         n = 0
         while True:
             try:
-                await asyncio.wait_for(self._retention_now.wait(), RESERVE_CHECK_S)
+                async with asyncio.timeout(RESERVE_CHECK_S):
+                    await self._retention_now.wait()
                 n = 0                               # asked: retention now, the next pass a full period on
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 n += 1
             self._retention_now.clear()
             if reserve is not None:

@@ -144,9 +144,16 @@ assert ENTRY_INDEX.size == 32
 # on the wire. This header, then the broker's state as of the base (its queue-offset table).
 ENTRY_BASE_STATE, _ = _layout(
     ("base_pos", "q"),          # where entry base_index + 1 starts
+    ("base_chain", "I"),        # chain CRC of entry base_index: entry base_index + 1 chains from it
     ("state_crc", "I"),         # crc32 of the state bytes that follow
 )
-assert ENTRY_BASE_STATE.size == 12
+assert ENTRY_BASE_STATE.size == 16
+# The header as written before base_chain was added (read only; its chain is taken as 0).
+ENTRY_BASE_STATE_V1, _ = _layout(
+    ("base_pos", "q"),
+    ("state_crc", "I"),
+)
+assert ENTRY_BASE_STATE_V1.size == 12
 
 # --- Consume queue unit -----------------------------------------------------------------
 CQ_UNIT, _ = _layout(

@@ -19,6 +19,11 @@ rest between steps. Faults:
               back when the step ends (tests/integration/wallclock.py: CLOCK_REALTIME only)
     slow_sync every fsync of the node waits 200-1,500 ms first (a contended disk), until the
               step ends (tests/integration/slowsync.py: writes and reads keep their speed)
+    retention kill -9 of the node; the others then cut their whole log but the file being
+              written (a filler batch makes the leader roll a new file; every older file is
+              aged past fileReservedTime, then `POST /commitlog/delete-expired`), and the node,
+              started again when the step ends, is behind the group's first entry: a leader
+              resets it to its base (InstallBase)
     kill_all  kill -9 of every node at once, then all started again (rare)
 
 Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
@@ -54,10 +59,17 @@ from typing import Callable
 from mqstore.localcluster import get_ok as try_http
 from node.loop_watchdog import stalls_in_logs
 from tests.integration import slowsync, small_disk, wallclock
-from tests.integration.dledger_harness import ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, verify_stores
+from tests.integration.dledger_harness import (ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, http,
+                                               verify_stores)
 
-KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "slow_sync")
-KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1, 1)
+KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "slow_sync", "retention")
+KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1, 1, 1)
+RETENTION_CONF = ("fileReservedTime=1",)   # hours: files aged by the retention fault expire
+FILLER_TOPIC = "NemesisFiller"             # the retention fault's filler batch (not the workload's topic)
+FILLER = [{"body": "f" * 60_000}] * 5      # over a 256 KiB data file: the leader rolls a new one
+FILLER_S = 5.0                             # the filler is tried this long (a new leader's election)
+RETENTION_DURABLE_S = 1.5                  # retention cuts below the durable mark, checkpointed each second
+RETENTION_PASSES = 4                       # passes asked for at most, until each live node has 1 file left
 DISK_MIB = 160             # each node's store file system, when disk faults run (tmpfs: memory)
 KILL_ALL_P = 0.05          # share of steps that kill every node at once
 TWO_FAULTS_P = 0.25        # share of steps with two faults on different nodes
@@ -280,9 +292,55 @@ class Nemesis:
             syncs.set(node, int(f.mode))
             self.applied.append(f"{what} {f.mode} ms")
             return lambda: syncs.set(node, 0)
+        elif f.kind == "retention":
+            n.kill9()
+            self.applied.append(f"{what} cut {self._cut_all_but_the_last_file(node)}")
+            return n.start
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return lambda: c.hub.heal("*")
+
+    def _cut_all_but_the_last_file(self, down: str) -> str:
+        """The retention fault's cut, on every live node but `down`, best effort (a step's other
+        fault may hold a node or the leader): a filler batch to the leader, so that it writes
+        past the file `down` stopped in; once that is below the durable mark, every data file
+        but the last aged two hours and a retention pass asked for. Says which nodes were asked,
+        and how the filler went."""
+        c = self.cluster
+        filled, deadline = "nobody", time.monotonic() + FILLER_S
+        while filled == "nobody" and time.monotonic() < deadline:   # a leader killed: the next one
+            for i in (i for i in c.ids if i != down):    # whoever takes the batch leads
+                try:
+                    http(c.nodes[i].api, "POST", "/topics", {"topic": FILLER_TOPIC, "queues": 1}, timeout=1.0)
+                    st, _ = http(c.nodes[i].api, "POST", f"/topics/{FILLER_TOPIC}/messages", {"messages": FILLER},
+                                 timeout=3.0)
+                except OSError:
+                    continue
+                if st == 200:
+                    filled = i
+                    break
+            else:
+                time.sleep(0.2)
+        time.sleep(RETENTION_DURABLE_S)
+        asked: set[str] = set()
+        aged = time.time() - 2 * 3600
+        live = {i: n for i, n in c.nodes.items() if i != down and n.running and not n.stopped}
+        data = {i: os.path.join(n.store_dir, f"dledger-{i}", "data") for i, n in live.items()}
+        for i in live:
+            for name in sorted(os.listdir(data[i]))[:-1]:
+                os.utime(os.path.join(data[i], name), (aged, aged))
+        for _ in range(RETENTION_PASSES):     # a pass deletes at most 10 files (deleteFilesBatchMax)
+            more = [i for i in live if len(os.listdir(data[i])) > 1]
+            if not more:
+                break
+            for i in more:
+                try:
+                    http(live[i].api, "POST", "/commitlog/delete-expired", {}, timeout=1.0)
+                    asked.add(i)
+                except OSError:
+                    pass
+            time.sleep(0.3)
+        return f"{','.join(sorted(asked)) or 'none'} (filler to {filled})"
 
     def _step_clock(self, name: str, by_s: int, what: str):
         clock = self.cluster.clock
@@ -374,7 +432,8 @@ def started_cluster(root: str, nodes: int, disk_mib: int | None, wall_clock: boo
     that fails on "address already in use" is tried again on new ports, START_ATTEMPTS times."""
     for attempt in range(START_ATTEMPTS):
         cluster = DLedgerCluster(os.path.join(root, f"cluster{attempt or ''}"), ids=tuple(f"n{i}" for i in range(nodes)),
-                                 disk_mib=disk_mib, wall_clock=wall_clock, slow_sync=slow_sync)
+                                 extra_conf=RETENTION_CONF, disk_mib=disk_mib, wall_clock=wall_clock,
+                                 slow_sync=slow_sync)
         try:
             cluster.start()
             return cluster

@@ -47,7 +47,7 @@ def test_every_layout_struct_is_known_here():
                             "ENTRY_BLANK", "ENTRY_INDEX", "CQ_UNIT", "INDEX_HEADER", "INDEX_SLOT",
                             "INDEX_ENTRY", "CHECKPOINT", "MSG_ID", "HA_PUSH_HEADER", "HA_SLAVE_REPORT",
                             "FRAME_LEN", "MESSAGE_QUEUE_FIELDS", "MESSAGE_DISPATCH_FIELDS", "STREAM_FRAME_HEADER",
-                            "ENTRY_BASE_STATE"}
+                            "ENTRY_BASE_STATE", "ENTRY_BASE_STATE_V1"}
 
 
 @settings(max_examples=100, deadline=None)

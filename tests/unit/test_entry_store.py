@@ -442,11 +442,54 @@ def test_a_follower_reset_with_the_leaders_base_state_continues_at_the_leaders_p
     leader.close()
 
 
+def _raw_entries(store: EntryStore, first: int, last: int) -> list[bytes]:
+    return [store.data.read(e.pos, e.end - e.pos) for e in map(store.entry_at, range(first, last + 1))]
+
+
+def test_regression_a_follower_reset_to_the_leaders_base_chains_its_entries_as_the_leader_does(tmp_path):
+    """The reset seeded the follower's chain CRC with 0 where the leader's entry after the base
+    chains from the base entry's: the two replicas' committed entries differed in chain_crc (the
+    audit's committed divergence, found by the random-fault runs' retention fault)."""
+    fs = FaultyFileSystem(23)
+    leader, pos = _filled(fs, tmp_path / "a")
+    k = _first_of_file(pos, 2)
+    leader.compact_to(k - 1, b"table")
+    assert leader.meta.base_chain != 0
+    follower = open_store(fs, tmp_path / "b")
+    follower.reset_to(k - 1, 1, leader.base_state())
+    follower.append(leader.entries(k, 61, 1 << 30))
+    follower.flush()
+    assert _raw_entries(follower, k, 60) == _raw_entries(leader, k, 60)
+    follower, rep = reopen(follower, fs, tmp_path / "b")      # recovery checks the chain from the base
+    assert (rep.first_index, rep.last_index, follower.meta.base_chain) == (k, 60, leader.meta.base_chain)
+    follower.close()
+    leader.close()
+
+
+def test_a_base_state_file_written_before_the_chain_was_kept_is_still_read(tmp_path):
+    fs = FaultyFileSystem(24)
+    s, pos = _filled(fs, tmp_path / "a")
+    k = _first_of_file(pos, 2)
+    s.compact_to(k - 1, b"table")
+    path = s._state_path(k - 1)
+    s.close()
+    with open(path, "wb") as f:     # the 12-byte header of before: base_pos, state_crc
+        f.write(L.ENTRY_BASE_STATE_V1.pack(2 * SEG, __import__("zlib").crc32(b"table")) + b"table")
+    s, rep = reopen(s, fs, tmp_path / "a")
+    assert (rep.first_index, s.base_app_state, s.start_pos) == (k, b"table", 2 * SEG)
+    with open(path, "r+b") as f:    # neither header's CRC matches: damaged
+        f.seek(20)
+        f.write(b"X")
+    s.close()
+    with pytest.raises(StoreFatal, match="damaged"):
+        reopen(s, fs, tmp_path / "a")
+
+
 def test_a_crash_between_the_state_file_and_meta_keeps_the_old_base(tmp_path):
     fs = FaultyFileSystem(23)
     s, pos = _filled(fs, tmp_path)
     s.compact_to(5, b"old")
-    s._write_base_state(20, pos[20], b"new")     # compact_to's first step, then the crash
+    s._write_base_state(20, pos[20], 0, b"new")     # compact_to's first step, then the crash
     s, rep = reopen(s, fs, tmp_path)
     assert (rep.first_index, s.base_app_state) == (6, b"old")
     assert [n for n in os.listdir(s.dir) if n.startswith("base-")] == [f"base-{5:020d}.state"]
