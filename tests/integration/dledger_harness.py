@@ -146,6 +146,10 @@ class DLedgerCluster:
     def apis(self) -> list[str]:
         return [n.api for n in self.nodes.values()]
 
+    def data_dir(self, node_id: str) -> str:
+        """Where the node's log keeps its data files."""
+        return os.path.join(self.nodes[node_id].store_dir, f"dledger-{node_id}", "data")
+
     def stream_port(self, api: str) -> int:
         """The produce stream's port of the node at API address `api`."""
         return self.stream_ports[api]

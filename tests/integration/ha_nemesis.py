@@ -22,6 +22,9 @@ what a slave of b0 connects to) and its own way to each controller ("b0>c1"). Fa
     clock_step          the broker's wall clock stepped by a minute to two days, either way,
                         and back when the step ends (tests/integration/wallclock.py)
     clock_step_controller  the same on a controller
+    retention           kill -9 of the broker; the other then cuts its whole commitlog but the
+                        file being written (nemesis.py's retention), and the broker, started
+                        again when the step ends, is behind the master's first offset
     kill_all            kill -9 of both brokers, then both started again
 
 Client threads send unique messages to the master (dledger_harness.Workload): SEND_OK is
@@ -50,16 +53,16 @@ from mqstore.localcluster import get_ok as try_http
 from node.loop_watchdog import stalls_in_logs
 from tests.integration.dledger_harness import (ACKED, FAILED, SEGMENT_BYTES, SMALL_FILES, Attempt, Workload,
                                                check_messages, compare_consume_queues)
-from tests.integration.nemesis import (DISK_MIB, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis, available_kinds, cli,
-                                       fault_figures, run_figures, schedule, seed_failed)
+from tests.integration.nemesis import (DISK_MIB, RETENTION_CONF, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis,
+                                       available_kinds, cli, fault_figures, run_figures, schedule, seed_failed)
 from tests.integration.small_disk import SmallDisk
 from tests.integration.wallclock import WallClock
 
 BROKERS = ("b0", "b1")
 CONTROLLERS = ("c0", "c1", "c2")
 HA_KINDS = ("kill9", "sigstop", "cut_controllers", "cut_ha", "delay_ha", "kill9_controller", "sigstop_controller",
-            "disk_full", "clock_step", "clock_step_controller")
-HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1, 2, 1, 1)
+            "disk_full", "clock_step", "clock_step_controller", "retention")
+HA_WEIGHTS = (3, 2, 2, 3, 1, 1, 1, 2, 1, 1, 1)
 CONTROLLER_HEARTBEAT_TIMEOUT_MS = 3000
 # A fault lasts 0.5-7 s: past the controller's heartbeat timeout often enough that masters
 # are replaced (a shorter fault is over before anyone notices).
@@ -110,7 +113,7 @@ class ClassicGroup:
                     *SMALL_FILES, f"listenPort={api}", f"bindAddress={host}", "brokerIP1=127.0.0.1",
                     f"storePathRootDir={store}", "brokerClusterName=ha-nemesis", "brokerName=broker-b",
                     *lc.classic_lines(k, "SYNC_MASTER", ha, ctl), "allAckInSyncStateSet=true", "minInSyncReplicas=1",
-                    "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true"])
+                    "flushDiskType=ASYNC_FLUSH", "slaveReadEnable=true", *RETENTION_CONF])
                 self.nodes[b] = BrokerProc(b, f"127.0.0.1:{api}", conf, os.path.join(root, f"{b}.log"), store)
             for name, proc in [*self.controllers.items(), *self.nodes.items()] if self.clock else ():
                 self.clock.attach(name, proc)
@@ -124,6 +127,10 @@ class ClassicGroup:
     @property
     def apis(self) -> list[str]:
         return [n.api for n in self.nodes.values()]
+
+    def data_dir(self, b: str) -> str:
+        """Where the broker's commitlog keeps its files."""
+        return os.path.join(self.nodes[b].store_dir, "commitlog")
 
     # --- start and look -------------------------------------------------------------------
     def start(self) -> None:
@@ -237,7 +244,7 @@ class ClassicNemesis(Nemesis):
             proc.sigstop()
             self.applied.append(f"{self._now()} {f.kind} {c}")
             return proc.cont
-        if f.kind in ("kill9", "sigstop", "disk_full", "clock_step"):
+        if f.kind in ("kill9", "sigstop", "disk_full", "clock_step", "retention"):
             return super()._apply(f, node, used)
         what = f"{self._now()} {f.kind} {node}"
         if f.kind == "cut_controllers":

@@ -24,6 +24,10 @@ rest between steps. Faults:
               aged past fileReservedTime, then `POST /commitlog/delete-expired`), and the node,
               started again when the step ends, is behind the group's first entry: a leader
               resets it to its base (InstallBase)
+    bitflip   one bit flipped in the body of a committed entry in the node's oldest data file,
+              under the running process (bit rot); its scrubber (every SCRUB_MS) must find it
+              and have the entry repaired from a peer: once the last fault is undone, every
+              flip must be gone (the byte back, or the entry cut away) within REPAIR_S
     kill_all  kill -9 of every node at once, then all started again (rare)
 
 Targets are roles ("leader", "other"), resolved when the step starts. Client threads send
@@ -58,13 +62,18 @@ from typing import Callable
 
 from mqstore.localcluster import get_ok as try_http
 from node.loop_watchdog import stalls_in_logs
+from node.store import layout as L
 from tests.integration import slowsync, small_disk, wallclock
 from tests.integration.dledger_harness import (ACKED, DLedgerCluster, OffsetCommits, Poller, Workload, http,
                                                verify_stores)
 
-KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "slow_sync", "retention")
-KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1, 1, 1)
+KINDS = ("kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "slow_sync", "retention",
+         "bitflip")
+KIND_WEIGHTS = (3, 2, 3, 2, 1, 2, 1, 1, 1, 1)
 RETENTION_CONF = ("fileReservedTime=1",)   # hours: files aged by the retention fault expire
+SCRUB_MS = 2000                            # the scrubber's pause between passes, for bitflip
+SCRUB_CONF = (f"storeScrubIntervalMs={SCRUB_MS}", "storeScrubRateMb=64")
+REPAIR_S = 60.0                            # after the last fault: every flip repaired within this
 FILLER_TOPIC = "NemesisFiller"             # the retention fault's filler batch (not the workload's topic)
 FILLER = [{"body": "f" * 60_000}] * 5      # over a 256 KiB data file: the leader rolls a new one
 FILLER_S = 5.0                             # the filler is tried this long (a new leader's election)
@@ -208,6 +217,7 @@ class Nemesis:
     def __init__(self, cluster: DLedgerCluster, rng: random.Random):
         self.cluster, self.rng = cluster, rng
         self.applied: list[str] = []
+        self.flips: list[tuple[str, str, int, int]] = []    # (node, data file, offset, original byte)
         self.t0 = time.monotonic()
 
     def current_leader(self) -> str | None:
@@ -296,6 +306,9 @@ class Nemesis:
             n.kill9()
             self.applied.append(f"{what} cut {self._cut_all_but_the_last_file(node)}")
             return n.start
+        elif f.kind == "bitflip":
+            self.applied.append(f"{what} {self._flip_a_bit(node)}")
+            return lambda: None
         else:
             raise ValueError(f"unknown fault kind {f.kind!r}")
         return lambda: c.hub.heal("*")
@@ -325,7 +338,7 @@ class Nemesis:
         asked: set[str] = set()
         aged = time.time() - 2 * 3600
         live = {i: n for i, n in c.nodes.items() if i != down and n.running and not n.stopped}
-        data = {i: os.path.join(n.store_dir, f"dledger-{i}", "data") for i, n in live.items()}
+        data = {i: c.data_dir(i) for i in live}
         for i in live:
             for name in sorted(os.listdir(data[i]))[:-1]:
                 os.utime(os.path.join(data[i], name), (aged, aged))
@@ -341,6 +354,62 @@ class Nemesis:
                     pass
             time.sleep(0.3)
         return f"{','.join(sorted(asked)) or 'none'} (filler to {filled})"
+
+    def _flip_a_bit(self, node: str) -> str:
+        """One bit of a committed entry's body in `node`'s oldest data file (not the one being
+        written), flipped with pwrite: what the process reads from there on is damaged. The
+        flip is kept in `flips` for `wait_flips_gone`. Says where, or why nothing was flipped."""
+        n = self.cluster.nodes[node]
+        lg = ((try_http(n.api, "/cluster", 0.5) or {}).get("log") or {}) if n.running and not n.stopped else {}
+        commit = lg.get("commit_index") or 0
+        d = self.cluster.data_dir(node)
+        names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+        if len(names) < 2 or not commit:
+            return "nothing old enough"
+        path = os.path.join(d, names[0])
+        with open(path, "rb") as fh:
+            buf = fh.read()
+        bodies, at, head = [], 0, L.ENTRY_HEADER
+        while at + head.size <= len(buf):     # bounded: every step moves on by a whole entry
+            magic, size, index = head.unpack_from(buf, at)[:3]
+            if magic not in (L.ENTRY_MAGIC_NORMAL, L.ENTRY_MAGIC_NOOP, L.ENTRY_MAGIC_CONFIG) \
+                    or size < head.size or index > commit:
+                break                         # a blank, zeros before a base, or past the commit
+            if magic == L.ENTRY_MAGIC_NORMAL and size > head.size:
+                bodies.append((at + head.size, size - head.size))
+            at += size
+        if not bodies:
+            return "no committed body"
+        start, length = self.rng.choice(bodies)
+        off = start + self.rng.randrange(length)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, bytes([buf[off] ^ (1 << self.rng.randrange(8))]), off)
+        finally:
+            os.close(fd)
+        self.flips.append((node, path, off, buf[off]))
+        return f"{os.path.basename(path)}+{off}"
+
+    def wait_flips_gone(self, timeout_s: float = REPAIR_S) -> None:
+        """Until no flipped byte stands: each is its original value again (repaired), or was cut
+        away (its file deleted, or the entry truncated to zeros)."""
+        def standing() -> list[tuple]:
+            out = []
+            for node, path, off, orig in self.flips:
+                try:
+                    with open(path, "rb") as fh:
+                        fh.seek(off)
+                        now = fh.read(1)
+                except FileNotFoundError:
+                    continue
+                if now and now[0] not in (orig, 0):
+                    out.append((node, os.path.basename(path), off))
+            return out
+        deadline = time.monotonic() + timeout_s
+        while standing():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"flipped bits not repaired in {timeout_s:.0f} s: {standing()}")
+            time.sleep(0.5)
 
     def _step_clock(self, name: str, by_s: int, what: str):
         clock = self.cluster.clock
@@ -397,6 +466,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
         workload.wait_acks(50, after=healed_at, timeout_s=LIVENESS_S)
         liveness_s = workload.failover_s(healed_at)
         workload.wait_each_transport_acks(healed_at, LIVENESS_S)     # the stream thread too
+        nemesis.wait_flips_gone()
         workload.stop()
         offsets.stop()
         monitor.stop()
@@ -432,7 +502,7 @@ def started_cluster(root: str, nodes: int, disk_mib: int | None, wall_clock: boo
     that fails on "address already in use" is tried again on new ports, START_ATTEMPTS times."""
     for attempt in range(START_ATTEMPTS):
         cluster = DLedgerCluster(os.path.join(root, f"cluster{attempt or ''}"), ids=tuple(f"n{i}" for i in range(nodes)),
-                                 extra_conf=RETENTION_CONF, disk_mib=disk_mib, wall_clock=wall_clock,
+                                 extra_conf=RETENTION_CONF + SCRUB_CONF, disk_mib=disk_mib, wall_clock=wall_clock,
                                  slow_sync=slow_sync)
         try:
             cluster.start()

@@ -2,7 +2,8 @@
 (tests/integration/nemesis.py): kill -9 and restart, SIGSTOP, one- and two-way partitions,
 bridge partitions, slow links, a node's disk filled to the last page (and the node restarted on
 it), wall-clock steps, slow fsyncs, a node down while the others cut their logs (then reset to
-the leader's base), two faults at once, the whole group killed. Afterwards every
+the leader's base), a bit flipped in an old entry (then repaired from a peer), two faults at
+once, the whole group killed. Afterwards every
 acked message is on every replica exactly once at its acked place, nothing refused is
 visible, committed entries are byte-identical, no term ever had two leaders, and a leader
 took writes soon after the last fault.
@@ -30,7 +31,7 @@ def test_a_seed_gives_one_schedule_and_the_schedules_cover_every_fault():
     assert schedule(5, 60) != schedule(6, 60)
     kinds = {f.kind for seed in range(1, 30) for step in schedule(seed, 60) for f in step.faults}
     assert kinds == {"kill9", "sigstop", "isolate", "bridge", "delay", "disk_full", "clock_step", "slow_sync",
-                     "retention", "kill_all"}
+                     "retention", "bitflip", "kill_all"}
     for step in schedule(3, 600):
         assert 0.3 <= step.hold_s <= 3.0 and 0.3 <= step.rest_s <= 1.5
         assert 1 <= len(step.faults) <= 2
