@@ -23,7 +23,7 @@ import pytest
 
 from mqstore import localcluster as lc
 from tests.integration.dledger_harness import ACKED, DLedgerCluster, Workload, verify_stores
-from tests.integration.test_ha_processes import TOPIC, Group, _bring_up, wait_for
+from tests.integration.test_ha_processes import Group, _bring_up, wait_for
 from tests.integration.wallclock import WallClock
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,6 @@ import json
 import os
 import random
 import shutil
-import struct
 import threading
 import time
 import urllib.error

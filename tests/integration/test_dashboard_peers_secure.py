@@ -60,7 +60,7 @@ def peer(method: str, path: str, secret: str = SECRET, doc=None) -> dict[str, st
 def test_cluster_nodes_shows_every_member_under_acl(tmp_path, pki, use_tls):  # noqa: F811
     acl_path = tmp_path / "acl.json"
     acl_path.write_text(json.dumps(ACL))
-    extra = [f"aclEnable=true", f"aclFile={acl_path}", f"clusterSecret={SECRET}", *(tls_lines(pki) if use_tls else [])]
+    extra = ["aclEnable=true", f"aclFile={acl_path}", f"clusterSecret={SECRET}", *(tls_lines(pki) if use_tls else [])]
     g = Group(str(tmp_path), {n: extra for n in ("n0", "n1", "n2")})
     ctx = tls.client_context(pki["ca"]) if use_tls else None
     try:

@@ -21,7 +21,6 @@ is no longer an API route.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import os
 import random
