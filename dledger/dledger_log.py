@@ -151,6 +151,10 @@ class DLedgerLog:
         # retention's candidate bases; _fold_file: the file of the last entry folded in
         self._file_tables: dict[int, tuple[int, dict]] = {}
         self._fold_file = -1
+        # Committed entries the applied table has not folded: known corrupt when they were
+        # applied (replay skips them) and not repaired since. A table as of a later entry
+        # lacks them, so no file table is taken past the first of them.
+        self._unfolded: set[int] = set()
         # Told the log's new start position when an InstallBase resets this replica (the
         # broker drops its consume queues of the old log and dispatch jumps there).
         self.reset_listeners: list[Callable[[int], None]] = []
@@ -278,10 +282,22 @@ class DLedgerLog:
         if rec.magic == L.ENTRY_MAGIC_NORMAL and rec.index <= self._applied_index \
                 and len(raw) - HEADER_SIZE >= L.MESSAGE_OVERHEAD:
             _fold_record(self._applied_table, raw[HEADER_SIZE:])   # skipped at replay; max() makes it idempotent
+        self._unfolded.discard(r.index)
         if not self.corruption and self.node.core is not None:
             self.node.core.campaign_blocked = False
         self._commit_changed.set()       # the dispatcher may continue past the repaired range
         self._commit_changed = asyncio.Event()
+
+    def _forget_damage_below(self, start: int) -> None:
+        """Retention deleted the files below `start`: corrupt ranges in them are gone with them
+        (unrepaired: once every peer has cut past an entry, none can send it). Without this a
+        range no peer keeps would block campaigns and be retried forever."""
+        gone = [r for r in self.corruption.ranges() if r.end <= start]
+        for r in gone:
+            self.corruption.forget(r.start, "its file was deleted by retention")
+            self.store.damaged.pop(r.index, None)
+        if gone and not self.corruption and self.node.core is not None:
+            self.node.core.campaign_blocked = False
 
     def _damage(self, pos: int, raw: bytes, found_by: str, index: int | None) -> CorruptData:
         problem = R.body_crc_problem(raw) if len(raw) >= HEADER_SIZE else None
@@ -313,7 +329,7 @@ class DLedgerLog:
         known = min(max(s.meta.committed, s.first_index() - 1), s.last_index())
         self._applied_index = s.first_index() - 1
         self._applied_table = QueueOffsetTable(self._base_table())
-        self._file_tables, self._fold_file = {}, -1
+        self._file_tables, self._fold_file, self._unfolded = {}, -1, set()
         self._replay(self._applied_table, self._applied_index + 1, known, mark_files=True)
         self._applied_index = self._commit_index = known
         self._committed_pos = self._end_of(known)
@@ -358,7 +374,7 @@ class DLedgerLog:
         self._committed_pos = self.store.start_pos
         table, broker = _decode_base_state(self.store.base_app_state, base_index)
         self._applied_table = QueueOffsetTable(table)
-        self._file_tables, self._fold_file = {}, -1
+        self._file_tables, self._fold_file, self._unfolded = {}, -1, set()
         log.warning("dledger %s: log reset to the leader's base %d at %d; queue offsets continue from its "
                     "table (%d queues)", self.node.node_id, base_index, self.store.start_pos, len(self._applied_table))
         for listener in list(self.reset_listeners):
@@ -398,6 +414,8 @@ class DLedgerLog:
         """Fold NORMAL entries lo..hi (inclusive) into `table` (corrupt ones when repaired);
         `mark_files`: `table` is the applied one, copied where a data file starts."""
         skip = sorted(r.index for r in self.corruption.ranges() if r.index is not None) if self.corruption else []
+        if mark_files:
+            self._unfolded.update(k for k in skip if lo <= k <= hi)
         i = lo
         while i <= hi:
             if skip and skip[0] <= i:
@@ -429,7 +447,7 @@ class DLedgerLog:
             f = file_of(j)
             if f != self._fold_file:
                 base = batch[j].index - 1
-                if base >= self.store.first_index() and not self.corruption:
+                if base >= self.store.first_index() and min(self._unfolded, default=base + 1) > base:
                     self._file_tables[f * seg] = (base, table.snapshot())
                 self._fold_file = f
             lo, hi = j, n - 1            # the last entry of the batch still in file f
@@ -668,6 +686,7 @@ class DLedgerLog:
                 await asyncio.to_thread(store.reserve.ensure, True)   # a spent reserve comes back after a cut
         for k in [k for k in self._file_tables if k <= decision.delete_upto]:
             del self._file_tables[k]
+        self._forget_damage_below(store.start_pos)
         if self.disk is not None:
             self.disk.recheck()
         log.info("dledger %s: retention deleted %d file(s) (%s); the log now starts at entry %d, position %d",

@@ -112,6 +112,16 @@ class CorruptionRegistry:
         log.info("corrupt range in %s at offset %d (+%d bytes, index %s) repaired: %s", r.path, r.start,
                  r.end - r.start, r.index, how)
 
+    def forget(self, start: int, why: str) -> None:
+        """A range whose bytes are gone unrepaired (its file deleted): dropped, not counted as
+        repaired; logged once."""
+        r = self._ranges.pop(start, None)
+        if r is None:
+            return
+        del self._starts[bisect.bisect_left(self._starts, start)]
+        log.warning("corrupt range in %s at offset %d (+%d bytes, index %s) dropped unrepaired: %s", r.path,
+                    r.start, r.end - r.start, r.index, why)
+
     def overlapping(self, lo: int, hi: int) -> CorruptRange | None:
         """The first known range that intersects [lo, hi), if any (O(log n); free when empty)."""
         if not self._starts:

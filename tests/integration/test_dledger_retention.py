@@ -30,6 +30,7 @@ import os
 import time
 from datetime import datetime
 
+from dledger.entry import HEADER_SIZE
 from node.broker import OutgoingMessage
 from node.config import BrokerConfig
 from node.server import build_broker
@@ -160,6 +161,57 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
             brokers[other] = await start(cfg[other])
             await settled(brokers, IDS)
             assert brokers[other].log._applied_table.snapshot() == d.log._applied_table.snapshot()
+        finally:
+            for b in brokers.values():
+                if b.log.node.core is not None and b.log.node._running:
+                    await b.stop()
+
+    asyncio.run(main())
+
+
+def test_regression_a_corrupt_entry_no_peer_keeps_goes_with_its_file_and_blocks_nothing(tmp_path):
+    """A follower found a bit flipped in an old entry after both peers had cut past it: no peer
+    could send it, the repair was retried forever and the node never campaigned again; and while
+    the damage was known no data file took a queue-offset table, so its retention could never
+    cut the file away ("no queue-offset table for it", found by the random-fault runs). Now the
+    table is taken unless an entry it lacks (skipped when applied) precedes it, and a cut drops
+    the corrupt ranges of the files it deleted."""
+    async def main():
+        cfg = configs(tmp_path)
+        brokers = {n: await start(cfg[n]) for n in IDS}
+        try:
+            lead = await leader_of(brokers)
+            f = next(n for n in IDS if n != lead)
+            await brokers[lead].create_topic("T", 2)
+            await send(brokers[lead], "T", 600, "a")
+            await settled(brokers, IDS)
+            for n in IDS:
+                if n != f:
+                    await cut(brokers[n])
+            fl = brokers[f].log
+            idx = fl.store.first_index() + 3
+            assert min(brokers[n].log.store.first_index() for n in IDS if n != f) > idx, "the peers cut past it"
+            e = fl.store.entry_at(idx)
+            path = fl.store.data.segment_for(e.pos).path
+            rel = e.pos - fl.store.data.segment_for(e.pos).base + HEADER_SIZE + 100
+            with open(path, "r+b") as fh:
+                fh.seek(rel)
+                byte = fh.read(1)[0]
+                fh.seek(rel)
+                fh.write(bytes([byte ^ 0x10]))
+            fl.store.data.forget_fetched()
+            assert brokers[f].scrubber.scrub_pass(), "the scrubber finds the flip"
+            assert fl.node.core.campaign_blocked
+            await wait_for(lambda: fl.repairer.failures >= 2, timeout=15)    # every peer refuses: cut past it
+            assert len(fl.corruption) == 1
+            await send(brokers[lead], "T", 300, "b")      # files folded while the damage is known
+            await settled(brokers, IDS)
+            before = data_files(brokers[f])
+            await cut(brokers[f])
+            assert len(data_files(brokers[f])) < len(before) and fl.store.first_index() > idx
+            assert len(fl.corruption) == 0 and not fl.node.core.campaign_blocked
+            got = await brokers[f].pull("T", 1, 449, 1)
+            assert [m.body for m in got.messages] == [b"b299" * 200]
         finally:
             for b in brokers.values():
                 if b.log.node.core is not None and b.log.node._running:
