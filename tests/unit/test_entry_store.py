@@ -423,11 +423,17 @@ def test_compact_to_refuses_what_is_not_committed_fsynced_and_followed(tmp_path)
     s.close()
 
 
-def test_a_follower_reset_with_the_leaders_base_state_continues_at_the_leaders_positions(tmp_path):
-    fs = FaultyFileSystem(22)
-    leader, pos = _filled(fs, tmp_path / "a")
+def _leader_cut_before_file_2(fs, root):
+    """A filled store cut below its third data file; (store, entry positions, its first index)."""
+    leader, pos = _filled(fs, root)
     k = _first_of_file(pos, 2)
     leader.compact_to(k - 1, b"table")
+    return leader, pos, k
+
+
+def test_a_follower_reset_with_the_leaders_base_state_continues_at_the_leaders_positions(tmp_path):
+    fs = FaultyFileSystem(22)
+    leader, pos, k = _leader_cut_before_file_2(fs, tmp_path / "a")
     follower = open_store(fs, tmp_path / "b")
     follower.append(mk(1, 3))
     follower.flush()
@@ -451,9 +457,7 @@ def test_regression_a_follower_reset_to_the_leaders_base_chains_its_entries_as_t
     chains from the base entry's: the two replicas' committed entries differed in chain_crc (the
     audit's committed divergence, found by the random-fault runs' retention fault)."""
     fs = FaultyFileSystem(23)
-    leader, pos = _filled(fs, tmp_path / "a")
-    k = _first_of_file(pos, 2)
-    leader.compact_to(k - 1, b"table")
+    leader, _, k = _leader_cut_before_file_2(fs, tmp_path / "a")
     assert leader.meta.base_chain != 0
     follower = open_store(fs, tmp_path / "b")
     follower.reset_to(k - 1, 1, leader.base_state())
@@ -468,9 +472,7 @@ def test_regression_a_follower_reset_to_the_leaders_base_chains_its_entries_as_t
 
 def test_a_base_state_file_written_before_the_chain_was_kept_is_still_read(tmp_path):
     fs = FaultyFileSystem(24)
-    s, pos = _filled(fs, tmp_path / "a")
-    k = _first_of_file(pos, 2)
-    s.compact_to(k - 1, b"table")
+    s, _, k = _leader_cut_before_file_2(fs, tmp_path / "a")
     path = s._state_path(k - 1)
     s.close()
     with open(path, "wb") as f:     # the 12-byte header of before: base_pos, state_crc
