@@ -14,7 +14,8 @@ encodes each commitlog record with PHYSICALOFFSET = pos + 48 *before* proposing
 another segment size fails loudly instead of serving wrong offsets.
 
 Implements the core's `RaftStorage` (read side) plus the write side the shell uses:
-`append`, `truncate_from` (durable before it returns: RocketMQ #10666), `reset_to`,
+`append`, `truncate_from` (durable before it returns: RocketMQ #10666), `reset_to` (or its
+two steps: `prepare_reset` on a worker thread, then `commit_reset`),
 `compact_to` (retention), `set_hard_state`, `flush`, `checkpoint`, and `recover`.
 
 A log with a base (after retention or InstallBase) keeps the broker's state as of the
@@ -40,7 +41,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from dledger import entry as E
 from dledger.messages import Entry, EntryType, HardState, entry_of_checked
@@ -109,6 +110,19 @@ class NewBase:
     base_entry_pos: int
     pos: int
     app_state: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedReset:
+    """A reset whose files are written (`EntryStore.prepare_reset`), for `commit_reset`."""
+    base_index: int
+    base_term: int
+    pos: int
+    pos_unknown: bool           # no base pos given: learned from the first NORMAL entry appended
+    chain: int
+    app_state: bytes
+    data: Any                   # the new first data and index segments (node.store.segment.Segment)
+    index: Any
 
 
 @dataclass(slots=True)
@@ -569,35 +583,52 @@ class EntryStore:
         appended next (its record carries PHYSICALOFFSET = pos + 48). The state file and
         then meta are written first, so a crash mid-reset recovers to the new base (old
         files below it are removed at recovery)."""
+        self.commit_reset(self.prepare_reset(base_index, base_term, state, base_pos=base_pos))
+
+    def prepare_reset(self, base_index: int, base_term: int, state: bytes = b"", *,
+                      base_pos: int | None = None) -> PreparedReset:
+        """reset_to's disk work, safe on a worker thread while the store serves its old log
+        (nothing the store serves changes until `commit_reset`): the base's state file, meta
+        naming the new base (every meta write from here on names it, `_pending_base`), then
+        every data and index file replaced (the old ones removed, the open descriptors
+        still reading them). A crash after meta recovers to the new base. The caller holds
+        off appends, truncations and compactions until `commit_reset`."""
         app, chain = b"", 0
         if state:
             base_pos, got, app = _parse_base_state(state, f"InstallBase state for base {base_index}")
             chain = got or 0
         with self.flush_lock:
-            self._reset_to(base_index, base_term, base_pos, chain, app)
+            m = self.meta
+            pos = base_pos if base_pos is not None else self._end_pos
+            self._write_base_state(base_index, pos, chain, app)
+            fields = {"base_index": base_index, "base_term": base_term, "base_chain": chain, "base_pos": pos,
+                      "checkpoint_index": max(m.checkpoint_index, base_index), "committed": max(m.committed, base_index)}
+            with self._meta_lock:          # a compaction's pending base is replaced, in one write
+                self._pending_base = fields
+                self._write_meta()
+            self._remove_stale_states(keep=base_index)
+            data = self.data.prepare_reset(pos)
+            index = self.index.prepare_reset((base_index + 1) * INDEX_SIZE)
+        return PreparedReset(base_index, base_term, pos, base_pos is None, chain, app, data, index)
 
-    def _reset_to(self, base_index: int, base_term: int, base_pos: int | None, chain: int, app: bytes) -> None:
+    def commit_reset(self, r: PreparedReset) -> None:
+        """After prepare_reset, where the store is read (the loop): the store serves the new base."""
         m = self.meta
-        pos = base_pos if base_pos is not None else self._end_pos
-        self._write_base_state(base_index, pos, chain, app)
-        with self._meta_lock:          # a compaction's pending base is replaced, in one write
+        with self._meta_lock:
             self._pending_base = None
-            m.base_index, m.base_term, m.base_chain = base_index, base_term, chain
-            m.base_pos = pos
-            m.checkpoint_index = max(m.checkpoint_index, base_index)
-            m.committed = max(m.committed, base_index)
-            self._write_meta()
-        self.base_app_state = app
-        self._remove_stale_states()
-        self.data.reset_to(m.base_pos)
-        self.index.reset_to((base_index + 1) * INDEX_SIZE)
-        self._last_index, self._last_term = base_index, base_term
-        self._end_pos, self._last_chain = m.base_pos, chain
-        self._flushed_index = base_index
+            m.base_index, m.base_term, m.base_chain, m.base_pos = r.base_index, r.base_term, r.chain, r.pos
+            m.checkpoint_index = max(m.checkpoint_index, r.base_index)
+            m.committed = max(m.committed, r.base_index)
+        self.base_app_state = r.app_state
+        self.data.commit_reset(r.data, r.pos)
+        self.index.commit_reset(r.index, (r.base_index + 1) * INDEX_SIZE)
+        self._last_index, self._last_term = r.base_index, r.base_term
+        self._end_pos, self._last_chain = r.pos, r.chain
+        self._flushed_index = r.base_index
         self._run_starts, self._run_terms = [], []
         self._cache_cut(0)
-        self._pos_unknown = base_pos is None
-        log.warning("%s: log reset to base %d (term %d) at pos %d", self.dir, base_index, base_term, m.base_pos)
+        self._pos_unknown = r.pos_unknown
+        log.warning("%s: log reset to base %d (term %d) at pos %d", self.dir, r.base_index, r.base_term, r.pos)
 
     def compact_to(self, base_index: int, app_state: bytes) -> list[str]:
         """Retention: forget entries <= base_index, which must be committed and fsynced, with

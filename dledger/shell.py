@@ -47,8 +47,11 @@ A follower's truncation (the entries a new leader does not have) is held the sam
 it must be durable before the Ready's entries are written over it and before any ack
 leaves (RocketMQ #10666), and it takes two fsyncs or more, after any flush in progress.
 The cut runs on a worker thread (then the Ready's hard state, if it has one); the
-store's reads meanwhile are of committed entries, below the cut. A reset to a leader's
-base (InstallBase, rarer: it replaces every file) still runs on the loop.
+store's reads meanwhile are of committed entries, below the cut. So does a reset to a
+leader's base (InstallBase: the base's state file, meta, every data and index file
+replaced): `EntryStore.prepare_reset` writes them on a worker thread while the store
+still serves its old log (readers keep their descriptors of the removed files), then
+`commit_reset` switches on the loop, with no flush in flight (`_disk_gate`).
 
 The node's clock (its ticks) stands still while that write is under way, and for as long
 again once it has landed. A node that cannot act must not time out for it (etcd's ticker
@@ -178,6 +181,10 @@ class RaftNode:
         self._held: Ready | None = None
         self._held_written = False
         self._held_write: asyncio.Task | None = None
+        # Taken around the flusher's and group commit's store calls, and by a held reset from
+        # its file work to its switch: the switch never waits on the loop for an fsync.
+        self._disk_gate = asyncio.Lock()
+        self._prepared_reset = None                  # a held reset's files, written; switched in the next round
         self.core: RaftCore | None = None
         self.transport: Transport | None = None
         self.fatal: BaseException | None = None
@@ -229,6 +236,11 @@ class RaftNode:
         self._tasks = []
         if self._held_write is not None:      # its thread runs on: the files stay open for it
             await asyncio.wait([self._held_write])
+        if self._prepared_reset is not None:  # written, never switched to: the next start recovers it
+            for seg in (self._prepared_reset.data, self._prepared_reset.index):
+                seg.handle.close()
+            self._prepared_reset = None
+            self._disk_gate.release()
         if self.transport is not None:
             await self.transport.stop()
         if self.fatal is None and self.core is not None:
@@ -284,13 +296,15 @@ class RaftNode:
 
     @property
     def truncating(self) -> bool:
-        """A worker thread is cutting the log's tail (a held Ready's truncation)."""
+        """A worker thread is cutting the log (a held Ready's truncation or reset)."""
         held = self._held
-        return held is not None and held.truncate_from is not None and not self._held_written
+        return held is not None and (held.truncate_from is not None or held.reset_base is not None) \
+            and not self._held_written
 
     def _check_not_held(self) -> None:
         if self._held is not None:
-            what = "a truncation" if self._held.truncate_from is not None else "term and vote"
+            what = ("a reset to the leader's base" if self._held.reset_base is not None else
+                    "a truncation" if self._held.truncate_from is not None else "term and vote")
             raise NotLeader(self._held.leader_id, f"term {self._held.term}: {what} being stored")
 
     def _live_core(self) -> RaftCore:
@@ -413,6 +427,8 @@ class RaftNode:
         try:
             if self._held is not None:
                 held, self._held, self._held_written = self._held, None, False
+                if self._prepared_reset is not None:
+                    self._commit_reset(held)
                 self._handle(held, handled, hard_state_written=True)
             elif self._stalled is not None:
                 self._stall_tried_at = time.monotonic()
@@ -460,10 +476,9 @@ class RaftNode:
         assert core is not None and self.transport is not None
         retry = rd is self._stalled
         if not (retry or hard_state_written):   # a held Ready made its cuts before it was held
-            if rd.truncate_from is not None and rd.reset_base is None:
+            if rd.truncate_from is not None or rd.reset_base is not None:
                 self._apply(handled)            # the listener hears of the Readies before it first
                 self._hold(rd, cut=True)
-            self._cut(rd, handled)
         try:
             if rd.entries and not ((retry or hard_state_written) and store.last_index() >= rd.entries[-1].index):
                 store.append(rd.entries)
@@ -495,22 +510,27 @@ class RaftNode:
         raise _Held
 
     async def _write_held(self, rd: Ready, cut: bool) -> None:
-        """The held Ready's truncation (durable; then the listener hears of it) and its term and
-        vote, each written on a worker thread; then the next round completes the Ready (or, on
-        a full disk for the term and vote, holds it as stalled and retries each tick)."""
+        """The held Ready's reset and truncation (durable; then the listener hears of each) and
+        its term and vote, each written on a worker thread; then the next round completes the
+        Ready (or, on a full disk for the term and vote, holds it as stalled and retries each
+        tick)."""
         t0 = time.perf_counter()
         if cut:
             try:
-                await asyncio.to_thread(self.store.truncate_from, rd.truncate_from)
+                if rd.reset_base is not None:
+                    await self._prepare_reset(rd.reset_base)
+                else:
+                    await asyncio.to_thread(self.store.truncate_from, rd.truncate_from)
             except StoreError as e:
                 self._held = None
                 self._die(e)
                 return
-            self.metrics["truncations"] += 1
-            self.metrics["truncation_us_max"] = max(self.metrics["truncation_us_max"],
-                                                    int((time.perf_counter() - t0) * 1e6))
-            if self.listener is not None:
-                self.listener.on_truncated(rd.truncate_from)
+            if rd.reset_base is None:
+                self.metrics["truncations"] += 1
+                self.metrics["truncation_us_max"] = max(self.metrics["truncation_us_max"],
+                                                        int((time.perf_counter() - t0) * 1e6))
+                if self.listener is not None:
+                    self.listener.on_truncated(rd.truncate_from)
         if rd.hard_state is not None:
             t1 = time.perf_counter()
             try:
@@ -530,21 +550,35 @@ class RaftNode:
         self._clock_paused_until = time.monotonic() + min(time.perf_counter() - t0, SLOW_WRITE_PAUSE_MAX_S)
         self._wake.set()
 
-    def _cut(self, rd: Ready, handled: list[Ready]) -> None:
-        """The Ready's reset (and any truncation with it), on the loop, once the listener has
-        seen the Readies before it. (A truncation alone is held and written by _write_held.)"""
-        if rd.reset_base is None and rd.truncate_from is None:
-            return
-        self._apply(handled)
-        store, listener = self.store, self.listener
-        if rd.reset_base is not None:
-            store.reset_to(*rd.reset_base)
-            if listener is not None:
-                listener.on_truncated(rd.reset_base[0] + 1)
-        if rd.truncate_from is not None:
-            store.truncate_from(rd.truncate_from)
-            if listener is not None:
-                listener.on_truncated(rd.truncate_from)
+    async def _prepare_reset(self, base: tuple) -> None:
+        """InstallBase: the new base's files written on a worker thread (the store serves its
+        old log meanwhile). The round that completes the Ready switches the store to them
+        (`_commit_reset`), in the loop turn in which the listener learns of the reset. No
+        flush runs from here to the switch (`_disk_gate`, held until then)."""
+        t0 = time.perf_counter()
+        await self._disk_gate.acquire()
+        try:
+            self._prepared_reset = await asyncio.to_thread(self.store.prepare_reset, *base)
+        except BaseException:
+            self._disk_gate.release()
+            raise
+        self.metrics["resets"] += 1
+        self.metrics["reset_us_max"] = max(self.metrics["reset_us_max"], int((time.perf_counter() - t0) * 1e6))
+
+    def _commit_reset(self, rd: Ready) -> None:
+        """The held reset's switch (and any truncation with it, a no-op past the new base), then
+        the listener hears of them; the flushers may run again."""
+        prepared, self._prepared_reset = self._prepared_reset, None
+        try:
+            self.store.commit_reset(prepared)
+            if rd.truncate_from is not None:
+                self.store.truncate_from(rd.truncate_from)
+        finally:
+            self._disk_gate.release()
+        if self.listener is not None:
+            self.listener.on_truncated(rd.reset_base[0] + 1)
+            if rd.truncate_from is not None:
+                self.listener.on_truncated(rd.truncate_from)
 
     def _stall(self, rd: Ready, e: DiskFull) -> None:
         if self._stalled is None:
@@ -586,7 +620,8 @@ class RaftNode:
                 return
             t0 = time.perf_counter()
             try:
-                await asyncio.to_thread(self.store.flush, False)
+                async with self._disk_gate:
+                    await asyncio.to_thread(self.store.flush, False)
             except StoreError as e:
                 self._die(e)
                 return
@@ -615,7 +650,8 @@ class RaftNode:
                 due = now - self._last_checkpoint >= self.config.checkpoint_interval_ms / 1000
                 if asynchronous or due:
                     t0 = time.perf_counter()
-                    await asyncio.to_thread(self.store.flush)
+                    async with self._disk_gate:
+                        await asyncio.to_thread(self.store.flush)
                     self.metrics["background_fsyncs"] += 1
                     self.metrics["background_fsync_us_total"] += int((time.perf_counter() - t0) * 1e6)
                 if not self._running or self.fatal is not None:
@@ -623,7 +659,9 @@ class RaftNode:
                 if due:
                     self._last_checkpoint = now
                     t0 = time.perf_counter()
-                    if await asyncio.to_thread(self.store.checkpoint, self.core.commit_index):
+                    async with self._disk_gate:
+                        wrote = await asyncio.to_thread(self.store.checkpoint, self.core.commit_index)
+                    if wrote:
                         us = int((time.perf_counter() - t0) * 1e6)
                         self.metrics["checkpoints"] += 1
                         self.metrics["checkpoint_us_max"] = max(self.metrics["checkpoint_us_max"], us)
@@ -652,6 +690,8 @@ class RaftNode:
             "term_vote_write_ms_max": self.metrics["hard_state_write_us_max"] / 1000,
             "truncations": self.metrics["truncations"],
             "truncation_ms_max": self.metrics["truncation_us_max"] / 1000,
+            "resets": self.metrics["resets"],
+            "reset_ms_max": self.metrics["reset_us_max"] / 1000,
             "ticks_paused": self.metrics["ticks_paused"],
         }
         if core.role is Role.LEADER:

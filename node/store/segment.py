@@ -435,20 +435,37 @@ class SegmentedFile:
 
     def reset_to(self, offset: int) -> None:
         """Drop every segment and restart empty at `offset` (follower reset below leader's first)."""
+        self.commit_reset(self.prepare_reset(offset), offset)
+
+    def prepare_reset(self, offset: int) -> Segment:
+        """reset_to's file work, which may run on a worker thread while readers still use the
+        segments: every file of the set removed (the open descriptors keep reading them), the new
+        first file created (a fresh file, whatever its name), both durable in the directory.
+        Returns the new segment for `commit_reset`; the set is unchanged until then."""
+        with self._io:
+            paths = [seg.path for seg in self.segments]
+        for path in paths:
+            self.fs.remove(path)
+        base = self.first_file_start(offset)
+        self.fs.makedirs(self.directory)
+        path = os.path.join(self.directory, segment_name(base))
+        handle = self.fs.open(path)
+        handle.truncate(self.segment_size)  # sparse, full size
+        self._names.created(defer=True)
+        self._names.sync_now(files_remain=True)   # the removals and the new name
+        seg = Segment(base, self.segment_size, path, handle)
+        seg.write_pos = offset - base
+        return seg
+
+    def commit_reset(self, seg: Segment, offset: int) -> None:
+        """After prepare_reset, where the set is read: the old segments closed, `seg` the set."""
         with self._io:
             self.forget_fetched()
-            self._reset_to(offset)
-
-    def _reset_to(self, offset: int) -> None:
-        for seg in self.segments:
-            seg.handle.close()
-            self.fs.remove(seg.path)
-        self.segments.clear()
-        self._bases.clear()
-        self._names.sync_now(files_remain=False)
-        seg = self._create(self.first_file_start(offset))
-        seg.write_pos = offset - seg.base
-        self.flushed = self._uncached = offset
+            for old in self.segments:
+                old.handle.close()
+            self.segments[:] = [seg]
+            self._bases[:] = [seg.base]
+            self.flushed = self._uncached = offset
 
     def close(self) -> None:
         self.forget_fetched()

@@ -597,3 +597,52 @@ def test_regression_a_follower_truncates_its_divergent_tail_off_the_event_loop(t
     assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during the truncation"
     assert [(e.index, e.term, e.body) for e in got] == [(e.index, e.term, e.body) for e in want]
     assert not any(e.body.startswith(b"lost-") for e in got)
+
+
+def test_regression_a_follower_resets_to_the_leaders_base_off_the_event_loop(tmp_path):
+    """A follower's reset to the leader's base (InstallBase: the base's state file, meta, then
+    every data and index file replaced, each step fsynced) ran on the event loop: on a disk
+    where each fsync takes 0.3 s the loop stopped for all of them. The files are written on a
+    worker thread now, the store serving its old log meanwhile, and switched to on the loop:
+    three nodes share this loop and it never stalls. The follower then holds the leader's log
+    from the base on, byte for byte (chain CRCs included)."""
+    peers = {f"n{i}": ("127.0.0.1", free_port()) for i in range(3)}
+    fs = {n: SlowFsyncFS(hold_s=0.3) for n in peers}
+
+    def make(n: str) -> RaftNode:
+        store = EntryStore(fs[n], str(tmp_path / n), n, data_segment_size=1 << 16, index_segment_size=32 * 64)
+        return RaftNode(n, "g", peers, store, RaftConfig(), ShellConfig(tick_ms=20), rng=random.Random(n))
+
+    async def scenario():
+        nodes = {n: make(n) for n in peers}
+        try:
+            leader, rest = await _group_with_leader(nodes, lambda node: None)
+            away = rest[0].node_id
+            await nodes[away].stop()
+            _, last = leader.propose([b"x" * 1000 for _ in range(300)])     # about five data files
+            await _until(lambda: leader.store.meta.durable_mark >= last and leader.store.flushed_index >= last,
+                         tries=1000)
+            base = last - 5
+            assert leader.store.compact_to(base, b"state"), "the leader cut its head past the stopped follower"
+            _, kept = leader.propose([b"after"])
+            fs[away].armed = True
+            nodes[away] = back = make(away)
+            async with LoopLag() as lag:
+                await back.start()
+                await _until(lambda: back.core.commit_index >= kept and back.store.last_index() >= kept,
+                             tries=1500)
+            fs[away].armed = False
+            raw = [[s.data.read(e.pos, e.end - e.pos) for e in map(s.entry_at, range(base + 1, kept + 1))]
+                   for s in (back.store, leader.store)]
+            return back.status(), back.store.first_index(), lag.worst_s, raw, fs[away].on_loop, base
+        finally:
+            for node in nodes.values():
+                if node._running:
+                    await node.stop()
+
+    status, first, worst, (got, want), on_loop, base = asyncio.run(scenario())
+    assert status["resets"] == 1 and status["reset_ms_max"] >= 290, status
+    assert first == base + 1
+    assert on_loop == 0, f"{on_loop} fsync(s) of the node being reset ran on the event loop"
+    assert worst < 0.2, f"the event loop stalled {worst * 1000:.0f} ms during the reset"
+    assert got == want
