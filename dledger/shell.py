@@ -298,8 +298,8 @@ class RaftNode:
     def truncating(self) -> bool:
         """A worker thread is cutting the log (a held Ready's truncation or reset)."""
         held = self._held
-        return held is not None and (held.truncate_from is not None or held.reset_base is not None) \
-            and not self._held_written
+        return self._prepared_reset is not None or held is not None and not self._held_written \
+            and (held.truncate_from is not None or held.reset_base is not None)
 
     def _check_not_held(self) -> None:
         if self._held is not None:
@@ -432,6 +432,8 @@ class RaftNode:
                 self._handle(held, handled, hard_state_written=True)
             elif self._stalled is not None:
                 self._stall_tried_at = time.monotonic()
+                if self._prepared_reset is not None:     # its term and vote met a full disk
+                    self._commit_reset(self._stalled)
                 self._handle(self._stalled, handled)     # raises _Stalled while the disk is full
             while self._ticks_due or self._inbox or self._durable_grew or self._fetched or core.has_ready():
                 if self.transport.queued_bytes >= send_budget_end:
