@@ -151,6 +151,13 @@ class DeferredDirSync:
                 return
         self._fsync(anchored=True)
 
+    def restarted(self) -> None:
+        """The owner removed its files and created one: that name waits, none durable before it
+        (the next `sync()` makes the removals durable too). For derived data only, which a
+        crash before that sync rebuilds."""
+        with self._lock:
+            self._pending, self._anchored = 1, False
+
     def sync(self) -> None:
         """Before a flush claims bytes durable: the waiting names, if any."""
         if self._pending:

@@ -433,15 +433,18 @@ class SegmentedFile:
             if raise_error:
                 raise StoreFatal(f"removing old files of {self.directory} failed: {e}") from e
 
-    def reset_to(self, offset: int) -> None:
-        """Drop every segment and restart empty at `offset` (follower reset below leader's first)."""
-        self.commit_reset(self.prepare_reset(offset), offset)
+    def reset_to(self, offset: int, names_now: bool = True) -> None:
+        """Drop every segment and restart empty at `offset` (follower reset below leader's first).
+        `names_now=False` (derived data: a consume queue): the directory is fsynced by the next
+        flush, not here (DeferredDirSync.restarted)."""
+        self.commit_reset(self.prepare_reset(offset, names_now), offset)
 
-    def prepare_reset(self, offset: int) -> Segment:
+    def prepare_reset(self, offset: int, names_now: bool = True) -> Segment:
         """reset_to's file work, which may run on a worker thread while readers still use the
         segments: every file of the set removed (the open descriptors keep reading them), the new
-        first file created (a fresh file, whatever its name), both durable in the directory.
-        Returns the new segment for `commit_reset`; the set is unchanged until then."""
+        first file created (a fresh file, whatever its name), both durable in the directory
+        (with `names_now`). Returns the new segment for `commit_reset`; the set is unchanged
+        until then."""
         with self._io:
             paths = [seg.path for seg in self.segments]
         for path in paths:
@@ -451,8 +454,11 @@ class SegmentedFile:
         path = os.path.join(self.directory, segment_name(base))
         handle = self.fs.open(path)
         handle.truncate(self.segment_size)  # sparse, full size
-        self._names.created(defer=True)
-        self._names.sync_now(files_remain=True)   # the removals and the new name
+        if names_now:
+            self._names.created(defer=True)
+            self._names.sync_now(files_remain=True)   # the removals and the new name
+        else:
+            self._names.restarted()
         seg = Segment(base, self.segment_size, path, handle)
         seg.write_pos = offset - base
         return seg

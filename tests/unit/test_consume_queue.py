@@ -119,6 +119,34 @@ def test_empty_queue_starting_at_non_zero_offset_fills_head_with_blanks(tmp_path
     assert again.get(6) == unit(6)
 
 
+class _CountedDirSyncs(FileSystem):
+    def __init__(self):
+        self.dir_syncs = 0
+
+    def fsync_dir(self, path):
+        self.dir_syncs += 1
+        super().fsync_dir(path)
+
+
+def test_regression_a_queue_started_at_a_non_zero_offset_leaves_its_directory_fsync_to_the_flush(tmp_path):
+    """An empty queue started at a non-zero offset (after a DLedger reset: every queue of the
+    old log dropped and started again at the base) fsynced its directory at once, in the
+    dispatch on the event loop: 1.5 s under a slow-fsync fault in the random-fault runs. Its
+    names are derived data, made durable by the queue's next flush (off the loop) instead; a
+    crash before it loses units the dispatcher re-puts, as for any unflushed unit."""
+    fs = _CountedDirSyncs()
+    cq = open_cq(fs, tmp_path)
+    before = fs.dir_syncs
+    cq.put_units(6, packed(6, 2))
+    assert fs.dir_syncs == before, "the start fsynced the directory"
+    assert cq.get_range(6, 5) == [unit(6), unit(7)]
+    cq.flush()
+    assert fs.dir_syncs == before + 1, "the flush makes the new name durable"
+    cq.close()
+    again = open_cq(FaultyFileSystem(seed=3), tmp_path)
+    assert (again.min_offset, again.max_offset) == (6, 8)
+
+
 def test_recover_after_crash_loses_unsynced_units_and_reput_restores_them(tmp_path):
     fs = FaultyFileSystem(seed=1)
     cq = open_cq(fs, tmp_path)
