@@ -278,13 +278,11 @@ class DLedgerLog:
 
     def on_repaired(self, r: CorruptRange, rec, raw: bytes, how: str) -> None:
         self.corruption.clear(r.start, how)
-        self.store.damaged.pop(r.index, None)
         if rec.magic == L.ENTRY_MAGIC_NORMAL and rec.index <= self._applied_index \
                 and len(raw) - HEADER_SIZE >= L.MESSAGE_OVERHEAD:
             _fold_record(self._applied_table, raw[HEADER_SIZE:])   # skipped at replay; max() makes it idempotent
         self._unfolded.discard(r.index)
-        if not self.corruption and self.node.core is not None:
-            self.node.core.campaign_blocked = False
+        self._damage_closed(r)
         self._commit_changed.set()       # the dispatcher may continue past the repaired range
         self._commit_changed = asyncio.Event()
 
@@ -292,11 +290,15 @@ class DLedgerLog:
         """Retention deleted the files below `start`: corrupt ranges in them are gone with them
         (unrepaired: once every peer has cut past an entry, none can send it). Without this a
         range no peer keeps would block campaigns and be retried forever."""
-        gone = [r for r in self.corruption.ranges() if r.end <= start]
-        for r in gone:
+        for r in [r for r in self.corruption.ranges() if r.end <= start]:
             self.corruption.forget(r.start, "its file was deleted by retention")
-            self.store.damaged.pop(r.index, None)
-        if gone and not self.corruption and self.node.core is not None:
+            self._damage_closed(r)
+
+    def _damage_closed(self, r: CorruptRange) -> None:
+        """`r` left the registry (repaired, or deleted with its file): the store forgets it, and
+        the campaign gate reopens once no range is left."""
+        self.store.damaged.pop(r.index, None)
+        if not self.corruption and self.node.core is not None:
             self.node.core.campaign_blocked = False
 
     def _damage(self, pos: int, raw: bytes, found_by: str, index: int | None) -> CorruptData:

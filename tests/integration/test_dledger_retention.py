@@ -65,6 +65,23 @@ async def start(cfg: BrokerConfig):
     return b
 
 
+async def started_group(tmp_path) -> tuple[dict[str, BrokerConfig], dict, str]:
+    """Three brokers on real files, started; (their configs, the brokers, the leader)."""
+    cfg = configs(tmp_path)
+    brokers = {n: await start(cfg[n]) for n in IDS}
+    try:
+        return cfg, brokers, await leader_of(brokers)
+    except BaseException:
+        await stop_all(brokers)
+        raise
+
+
+async def stop_all(brokers: dict) -> None:
+    for b in brokers.values():
+        if b.log.node.core is not None and b.log.node._running:
+            await b.stop()
+
+
 async def leader_of(brokers: dict, among=None):
     await wait_for(lambda: any(brokers[n].log.is_writable for n in (among or brokers)), timeout=10)
     return next(n for n in (among or brokers) if brokers[n].log.is_writable)
@@ -104,10 +121,8 @@ async def cut(b) -> None:
 
 def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(tmp_path):
     async def main():
-        cfg = configs(tmp_path)
-        brokers = {n: await start(cfg[n]) for n in IDS}
+        cfg, brokers, lead = await started_group(tmp_path)
         try:
-            lead = await leader_of(brokers)
             down = next(n for n in IDS if n != lead)
             other = next(n for n in IDS if n not in (lead, down))
             await brokers[lead].create_topic("T", 2)
@@ -162,9 +177,7 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
             await settled(brokers, IDS)
             assert brokers[other].log._applied_table.snapshot() == d.log._applied_table.snapshot()
         finally:
-            for b in brokers.values():
-                if b.log.node.core is not None and b.log.node._running:
-                    await b.stop()
+            await stop_all(brokers)
 
     asyncio.run(main())
 
@@ -177,10 +190,8 @@ def test_regression_a_corrupt_entry_no_peer_keeps_goes_with_its_file_and_blocks_
     table is taken unless an entry it lacks (skipped when applied) precedes it, and a cut drops
     the corrupt ranges of the files it deleted."""
     async def main():
-        cfg = configs(tmp_path)
-        brokers = {n: await start(cfg[n]) for n in IDS}
+        _, brokers, lead = await started_group(tmp_path)
         try:
-            lead = await leader_of(brokers)
             f = next(n for n in IDS if n != lead)
             await brokers[lead].create_topic("T", 2)
             await send(brokers[lead], "T", 600, "a")
@@ -213,9 +224,7 @@ def test_regression_a_corrupt_entry_no_peer_keeps_goes_with_its_file_and_blocks_
             got = await brokers[f].pull("T", 1, 449, 1)
             assert [m.body for m in got.messages] == [b"b299" * 200]
         finally:
-            for b in brokers.values():
-                if b.log.node.core is not None and b.log.node._running:
-                    await b.stop()
+            await stop_all(brokers)
 
     asyncio.run(main())
 
@@ -280,9 +289,7 @@ def test_regression_a_cut_on_a_slow_disk_does_not_stall_the_event_loop(tmp_path)
             await settled(brokers, IDS)
             assert brokers[lead].log.store.first_index() == first
         finally:
-            for b in brokers.values():
-                if b.log.node.core is not None and b.log.node._running:
-                    await b.stop()
+            await stop_all(brokers)
 
     asyncio.run(main())
 
@@ -321,9 +328,7 @@ def test_a_replica_whose_disk_is_full_to_the_last_block_still_cuts_by_giving_up_
         finally:
             for f in fs.values():
                 f.write_budget_bytes = None
-            for b in brokers.values():
-                if b.log.node.core is not None and b.log.node._running:
-                    await b.stop()
+            await stop_all(brokers)
 
     asyncio.run(main())
 
