@@ -62,6 +62,26 @@ def _raft_view(c: DLedgerCluster) -> dict[str, tuple[str, int]]:
     return out
 
 
+def _settled(read_view, leader: str, within_s: float = 10.0) -> dict[str, tuple[str, int]]:
+    """read_view() once every node is in the leader's term, as its leader or a follower."""
+    deadline = time.monotonic() + within_s
+    while True:
+        view = read_view()
+        term = view[leader][1]
+        if all(v == (("LEADER" if i == leader else "FOLLOWER"), term) for i, v in view.items()):
+            return view
+        assert time.monotonic() < deadline, f"no settled view within {within_s} s: {view}"
+        time.sleep(0.05)
+
+
+def test_regression_the_clock_step_baseline_waits_for_a_follower_not_yet_in_the_leaders_term():
+    """Two acks make a quorum: after 20 acks the third node had not heard the leader (term 0),
+    and that view, taken as the baseline, failed the first step's check for no reason."""
+    views = iter([{"n0": ("FOLLOWER", 1), "n1": ("LEADER", 1), "n2": ("FOLLOWER", 0)},
+                  {"n0": ("FOLLOWER", 1), "n1": ("LEADER", 1), "n2": ("FOLLOWER", 1)}])
+    assert _settled(lambda: next(views), "n1", within_s=5.0)["n2"] == ("FOLLOWER", 1)
+
+
 def test_wall_clock_steps_on_a_dledger_leader_and_followers_change_no_leader_and_lose_nothing(tmp_path):
     c = DLedgerCluster(str(tmp_path / "cluster"), wall_clock=True)
     clock = c.clock
@@ -74,8 +94,9 @@ def test_wall_clock_steps_on_a_dledger_leader_and_followers_change_no_leader_and
         leader = c.leader()
         f1, f2 = [i for i in c.ids if i != leader]
         w.wait_acks(20)
-        before = _raft_view(c)
-        assert before[leader][0] == "LEADER", before
+        # The baseline is the settled view: two acks take a quorum, and the third node may not
+        # have heard the leader yet (it was last to start on a loaded machine).
+        before = _settled(lambda: _raft_view(c), leader)
         # the shim is in effect: the leader's +2 h shows in what it stores, and goes when undone
         t_steps = time.monotonic()
         clock.step(leader, +2 * HOUR_S)
