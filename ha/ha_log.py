@@ -29,7 +29,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Awaitable, Callable, Sequence
 
 from ha.epoch import EpochEntry, EpochFile, find_consistent_point, with_ends
 from ha.protocol import HAProtocolError
@@ -127,7 +127,9 @@ class HALog:
         self._waiter_seq = itertools.count()
         self._grown = Wakeup()                 # fired when the slave's committed position grows
         self._role_lock = asyncio.Lock()
-        self.truncate_listeners: list[Callable[[int], None]] = []   # e.g. consume queues, index
+        self._truncation: asyncio.Task | None = None   # the last truncation asked (_truncate)
+        # e.g. consume queues; an awaitable returned is awaited before the truncation returns
+        self.truncate_listeners: list[Callable[[int], Awaitable[None] | None]] = []
         # Told the new first offset when the slave's log restarts further on (an empty slave starting
         # at the master's last segment; a slave below the master's retention): dispatch jumps there.
         self.reset_listeners: list[Callable[[int], None]] = []
@@ -380,12 +382,19 @@ class HALog:
     async def _reset_to(self, offset: int) -> None:
         """An empty slave starts its log where the master starts sending (its last segment's base)."""
         assert self.commitlog.max_offset == 0 or self.commitlog.max_offset == self.commitlog.min_offset
-        async with self.local.io_lock:
-            self.commitlog.files.reset_to(offset)
+        await self._restart_files(offset)
         self._boundary = self._slave_committed = offset
         for listener in list(self.reset_listeners):
             listener(offset)
         log.info("slave log starts at the master's offset %d", offset)
+
+    async def _restart_files(self, offset: int) -> None:
+        """An empty log's files restarted at `offset`: the removals and the new file, each
+        durable, on a worker thread (no reader needs the old ones: the log is empty)."""
+        files = self.commitlog.files
+        async with self.local.io_lock:
+            seg = await asyncio.to_thread(files.prepare_reset, offset)
+            files.commit_reset(seg, offset)
 
     async def ha_after_batch(self) -> None:
         """After each read from the master, before the report: fsync under SYNC_FLUSH."""
@@ -516,8 +525,7 @@ class HALog:
         log.error("slave at %d is below the master's first retained offset %d: restarting its log there",
                   self.commitlog.max_offset, master_min)
         await self.truncate(self.commitlog.min_offset)
-        async with self.local.io_lock:
-            self.commitlog.files.reset_to(master_min)
+        await self._restart_files(master_min)
         self._boundary = self._slave_committed = master_min
         for listener in list(self.reset_listeners):
             listener(master_min)
@@ -543,23 +551,56 @@ class HALog:
         await self._truncate(offset)
 
     async def _truncate(self, offset: int) -> None:
+        """The file work (the tail's scan for its queue offsets, the zeroing, the fsyncs, the
+        removals) runs on worker threads: an old master's tail may be hundreds of MB, and each
+        fsync took up to 0.3 s on a busy disk, on the event loop that serves the node. Readers
+        stop at `offset` first (committed is lowered before anything is cut); nothing appends
+        meanwhile (the caller holds the role: no HA session is reporting), and `io_lock` keeps
+        a flush and retention's deletions away.
+
+        The work is one task, shielded: a caller cancelled meanwhile (a session ended by a
+        promotion) leaves it to finish, and a role change waits for it (_stop_client), so it
+        is never half done when the next role starts, nor its epoch write after that role's."""
         offset = max(offset, self.commitlog.min_offset)
-        rewind = self._tail_queue_offsets(offset)
-        async with self.local.io_lock:
-            report = self.commitlog.truncate(offset)   # zeroed and fsynced before it returns (RocketMQ #10666)
-        for (topic, qid), first in rewind.items():
-            if first < self.local.queue_offsets.get(topic, qid):
-                self.local.queue_offsets.set(topic, qid, first)
         self._boundary = min(self._boundary, offset)
         self._slave_committed = min(self._slave_committed, offset)
         self.local.rewind_committed(offset)
-        for listener in list(self.truncate_listeners):
-            listener(offset)
+        before = self._truncation
+        task = asyncio.get_running_loop().create_task(self._truncate_durably(before, offset), name="ha-truncate")
+        self._truncation = task
+        await asyncio.shield(task)
+
+    async def _truncate_durably(self, before: asyncio.Task | None, offset: int) -> None:
+        if before is not None:
+            await asyncio.wait([before])
+        try:
+            async with self.local.io_lock:
+                rewind = await asyncio.to_thread(self._tail_queue_offsets, offset)
+                tail = self.commitlog.detach_tail(offset)
+                report = await asyncio.to_thread(tail.make_durable)  # before anything goes on (RocketMQ #10666)
+        except StoreFatal as e:
+            self.local.fail(e)
+            raise
+        for (topic, qid), first in rewind.items():
+            if first < self.local.queue_offsets.get(topic, qid):
+                self.local.queue_offsets.set(topic, qid, first)
+        settled = [asyncio.ensure_future(w) for w in (listener(offset) for listener in list(self.truncate_listeners))
+                   if w is not None]
         # After the state above, with no await between (a crash before this write leaves epochs
         # past the log's end, which start() drops).
         await self._epochs_write(self.epochs.truncate_suffix, offset)
+        for wait in settled:
+            await wait
         log.warning("truncated commitlog to %d", offset, extra={"zeroed_bytes": report.zeroed_bytes,
                                                                 "removed_files": report.removed_files})
+
+    async def _truncation_done(self) -> None:
+        """Wait for a truncation in flight (one whose caller was cancelled); its error was the caller's."""
+        task = self._truncation
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+            if self._truncation is task:
+                self._truncation = None
 
     def _tail_queue_offsets(self, offset: int) -> dict[tuple[str, int], int]:
         """First queue offset per queue among the records about to be truncated."""
@@ -659,6 +700,7 @@ class HALog:
         if self.client is not None:
             client, self.client = self.client, None
             await client.stop()
+        await self._truncation_done()
 
     @property
     def ha_port(self) -> int | None:

@@ -12,6 +12,7 @@ with no master and writes are refused until the controller names a master).
 from __future__ import annotations
 
 import logging
+from typing import Awaitable
 
 from ha.ha_log import HALog, ha_log_from_broker_config
 from node.store.fileio import FileSystem
@@ -40,15 +41,15 @@ def attach_truncation(broker) -> None:
     if not isinstance(halog, HALog):
         return
 
-    def on_truncate(offset: int) -> None:
+    def on_truncate(offset: int) -> Awaitable[None]:
         def truncate() -> None:
-            cut = broker.cq_store.truncate_past_physical(offset)
-            d = broker.dispatcher
-            d.position = min(d.position, offset)
-            d.flushed_position = min(d.flushed_position, offset)
+            cut = broker.dispatcher.cut_queues(offset, rewind_to=offset)
             log.warning("truncation to %d: dropped %d consume-queue units; dispatch resumes at %d", offset, cut,
-                        d.position)
+                        broker.dispatcher.position)
         broker.dispatcher.when_recovered(truncate)    # not under the start's recovery of the queues
+        # The HALog goes on (syncs new bytes over the cut) once the cut queues are durable: a
+        # crash then cannot leave units of the old tail pointing at the new bytes.
+        return broker.dispatcher.queues_settled()
 
     halog.truncate_listeners.append(on_truncate)
 

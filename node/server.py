@@ -213,8 +213,8 @@ def follow_dledger_resets(broker: Broker) -> None:
 
     def on_reset(start: int) -> None:
         def reset() -> None:
-            cut = broker.cq_store.truncate_past_physical(0)
             broker.dispatcher.skip_to(start)
+            cut = broker.dispatcher.cut_queues(0)   # the whole old log; files cut on a worker
             log.warning("log reset to the leader's base: dropped %d consume-queue units of the old log; dispatch "
                         "resumes at %d", cut, broker.dispatcher.position)
         broker.dispatcher.when_recovered(reset)    # not under the start's recovery of the queues

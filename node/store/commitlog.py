@@ -30,7 +30,7 @@ from node.store.fileio import FileSystem
 from node.store.message import MessageDraft
 from node.store.queue_offsets import QueueOffsetTable
 from node.store.retention import RetentionDecision, RetentionPolicy
-from node.store.segment import Segment, SegmentedFile, TruncateReport
+from node.store.segment import Segment, SegmentedFile, TailCut, TruncateReport
 
 log = logging.getLogger(__name__)
 
@@ -333,8 +333,13 @@ class CommitLog:
 
     def truncate(self, offset: int) -> TruncateReport:
         """Durably drop every byte at or past `offset` (zeroed and fsynced; later files removed)."""
+        return self.detach_tail(offset).make_durable()
+
+    def detach_tail(self, offset: int) -> TailCut:
+        """truncate in two steps: the cut in memory here, its file work by `make_durable`
+        (on a worker thread); no append in between (SegmentedFile.detach_tail)."""
         assert self.min_offset <= offset, "cannot truncate below the first retained segment"
-        return self.files.truncate(offset)
+        return self.files.detach_tail(offset)
 
     def delete_head(self, upto_offset: int) -> list[str]:
         """Delete whole segments ending at or before `upto_offset`; never the one being written."""

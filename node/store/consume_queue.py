@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 from node.store import layout as L
 from node.store.fileio import FileSystem, ShortWrite
-from node.store.segment import SegmentedFile
+from node.store.segment import SegmentedFile, TailCut
 
 log = logging.getLogger(__name__)
 
@@ -259,13 +259,23 @@ class ConsumeQueue:
 
     def truncate_past_physical(self, end_phys: int) -> int:
         """Durably drop units pointing at or past `end_phys` (the log's tail was cut)."""
+        n, tail = self.detach_past_physical(end_phys)
+        if tail is not None:
+            tail.make_durable()
+        return n
+
+    def detach_past_physical(self, end_phys: int) -> tuple[int, TailCut | None]:
+        """truncate_past_physical's cut, made in memory: no unit at or past `end_phys` is read
+        from here on. The file work is the returned cut's `make_durable` (a worker thread may
+        run it); no unit may be put before it ran. Returns the units dropped and the cut."""
         end = self.max_offset
         cut = _bsearch(self._min, end, lambda i: self._unit_at(i)[0] >= end_phys)
-        if cut < end:
-            self.file.truncate(cut * UNIT_SIZE)
-            log.warning("%s: dropped units [%d, %d) pointing at or past commitlog offset %d",
-                        self.directory, cut, end, end_phys)
-        return end - cut
+        if cut >= end:
+            return 0, None
+        tail = self.file.detach_tail(cut * UNIT_SIZE)
+        log.warning("%s: dropped units [%d, %d) pointing at or past commitlog offset %d",
+                    self.directory, cut, end, end_phys)
+        return end - cut, tail
 
     def delete_expired(self, min_phys: int) -> int:
         """Delete whole files whose last unit is below `min_phys`; raise min_offset to match."""
@@ -349,6 +359,16 @@ class ConsumeQueueStore:
 
     def truncate_past_physical(self, end_phys: int) -> int:
         return sum(cq.truncate_past_physical(end_phys) for cq in self._queues.values())
+
+    def detach_past_physical(self, end_phys: int) -> tuple[int, list[TailCut]]:
+        """Every queue's `detach_past_physical`: the units dropped, and the cuts to make durable."""
+        dropped, tails = 0, []
+        for cq in self._queues.values():
+            n, tail = cq.detach_past_physical(end_phys)
+            dropped += n
+            if tail is not None:
+                tails.append(tail)
+        return dropped, tails
 
     def delete_expired(self, min_phys: int) -> int:
         return sum(cq.delete_expired(min_phys) for cq in self._queues.values())

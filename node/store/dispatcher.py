@@ -43,6 +43,7 @@ from node.store.cold_reads import read_without_stalling
 from node.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from node.store.errors import CorruptRecord, StoreError
 from node.store.index_file import IndexService
+from node.store.segment import TailCut
 from node.store.message import (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_KEYS, PROPERTY_TAGS,
                                 PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, StoredMessage, decode_properties,
                                 decode_record, tags_code)
@@ -151,6 +152,10 @@ class Dispatcher:
         self.disk_full_errors = 0       # CQ/index/checkpoint writes refused with ENOSPC (retried)
         self._sync_lock = threading.Lock()
         self._deferred: list[Callable[[], None]] | None = None   # changes held while recovering off the loop
+        self._recovered: asyncio.Event | None = None     # set once a recovery in the background is done
+        # Queue cuts made durable on a worker (cut_queues); dispatch waits for the last one.
+        self._cuts: asyncio.Task | None = None
+        self._cut_generation = 0        # bumped by a rewind: a flush staged before it saves no checkpoint
         self._disk_full_warnings = LogThrottle(DISK_FULL_LOG_INTERVAL_S)
 
     # --- observers ----------------------------------------------------------------------------
@@ -188,11 +193,13 @@ class Dispatcher:
         reaches the queues through `when_recovered`, after the recovery, in order."""
         lo, hi, min_phys = self._log_positions()
         self._deferred = []
+        self._recovered = asyncio.Event()
         try:
             found = await asyncio.to_thread(self._recover_files, log_end_physical, min_phys)
             self._start_at(lo, hi, log_end_physical, *found)
         finally:
             deferred, self._deferred = self._deferred, None
+            self._recovered.set()
         for fn in deferred:
             fn()
         return self.position
@@ -204,6 +211,13 @@ class Dispatcher:
             self._deferred.append(fn)
         else:
             fn()
+
+    async def queues_settled(self) -> None:
+        """Once the changes asked so far are in the queues and durable: a recovery in the
+        background done (when_recovered), then the queue cuts in flight (cut_queues)."""
+        if self._recovered is not None:
+            await self._recovered.wait()
+        await self._cuts_done()
 
     def _log_positions(self) -> tuple[int, int, int]:
         """(first retained, committed, first physical): what a recovery clamps and cuts to."""
@@ -267,6 +281,55 @@ class Dispatcher:
         on): dispatch continues from there."""
         self.position = max(self.position, position)
         self.flushed_position = max(self.flushed_position, position)
+
+    def cut_queues(self, end_phys: int, rewind_to: int | None = None) -> int:
+        """The log's tail at `end_phys` was cut (a slave's truncation; 0: the whole log, a
+        reset to a leader's base): drop the consume-queue units pointing at or past it and,
+        with `rewind_to`, dispatch again from that log position. On the loop the cut is made
+        in memory only, so no pull sees a dropped unit; its file work (a truncate and an
+        fsync per queue cut, seconds on a slow disk with a few hundred queues) runs on a worker
+        thread while dispatch waits for it. The checkpoint is then lowered to `rewind_to` if
+        it was past it, and a flush staged before this saves none. Returns the units dropped."""
+        dropped, tails = self.cq_store.detach_past_physical(end_phys)
+        if rewind_to is not None:
+            self.position = min(self.position, rewind_to)
+            self.flushed_position = min(self.flushed_position, rewind_to)
+            self._cut_generation += 1
+        before = self._cuts
+        self._cuts = asyncio.get_running_loop().create_task(self._cut_durably(before, tails, rewind_to),
+                                                            name="consume-queue-cut")
+        return dropped
+
+    async def _cut_durably(self, before: asyncio.Task | None, tails: list[TailCut], rewind_to: int | None) -> None:
+        if before is not None:
+            await asyncio.wait([before])     # in the order asked; its error is raised by whoever awaits it
+        await asyncio.to_thread(self._make_cuts_durable, tails, rewind_to)
+
+    def _make_cuts_durable(self, tails: list[TailCut], rewind_to: int | None) -> None:
+        with self._sync_lock:       # after a flush in flight, which may have saved a later position
+            for tail in tails:
+                tail.make_durable()
+            cp = self.checkpoint
+            if rewind_to is None or cp.committed_offset <= rewind_to:
+                return
+            cp.committed_offset = rewind_to
+            try:
+                cp.save()
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                # Recovery clamps a checkpoint past the log's end to the end; the next flush retries.
+                log.warning("checkpoint not lowered to %d after a truncation: disk full (%s)", rewind_to, e)
+
+    async def _cuts_done(self) -> None:
+        """Wait for the queue cuts in flight (their error is this caller's, e.g. StoreFatal)."""
+        while self._cuts is not None:
+            cuts = self._cuts
+            try:
+                await asyncio.shield(cuts)
+            finally:
+                if self._cuts is cuts and cuts.done():
+                    self._cuts = None
 
     async def stop(self) -> None:
         """Cancel the loop; it flushes and checkpoints on the way out."""
@@ -337,8 +400,10 @@ class Dispatcher:
 
     async def _final_flush(self) -> None:
         """The last flush, at stop: its fsyncs on a worker too (a shutdown's stall of 591 ms on
-        a slow disk held every other task of the node, Raft's and HA's included)."""
+        a slow disk held every other task of the node, Raft's and HA's included). After the
+        queue cuts in flight: the queues close after this."""
         try:
+            await self._cuts_done()
             await self.flush_in_background()
         except (StoreError, OSError) as e:
             log.error("dispatch: final flush at position %d failed: %s", self.position, e)
@@ -356,23 +421,26 @@ class Dispatcher:
         staged = self._stage_flush()
         return staged is not None and self._flushed(staged[0], await asyncio.to_thread(self._sync, *staged))
 
-    def _stage_flush(self) -> tuple[int, int] | None:
+    def _stage_flush(self) -> tuple[int, int, int] | None:
         """On the loop: what the flush covers; the index's buffered entries written out."""
         if self.flushed_position == self.position:
             return None
         if self.index is not None:
             self.index.write_out()
-        return self.position, self._last_store_ts
+        return self.position, self._last_store_ts, self._cut_generation
 
-    def _sync(self, position: int, store_ts: int) -> bool:
+    def _sync(self, position: int, store_ts: int, generation: int) -> bool:
         """fsync CQs and index, then save the checkpoint. May run on a worker thread: CQ
         appends and index builds go on beside it (SegmentedFile and IndexService lock out
         only closing a file); `_sync_lock` keeps two flushes (the loop's last one at stop)
-        from writing the checkpoint at once."""
+        from writing the checkpoint at once. A flush staged before a rewind (cut_queues)
+        saves no checkpoint: its position may lie past the cut."""
         with self._sync_lock:
             self.cq_store.flush_all()
             if self.index is not None:
                 self.index.sync()
+            if generation != self._cut_generation:
+                return False
             cp = self.checkpoint
             cp.committed_offset = position
             cp.logics_msg_timestamp = store_ts
@@ -397,12 +465,15 @@ class Dispatcher:
     # --- one batch ----------------------------------------------------------------------------
     def dispatch_once(self) -> int:
         """Dispatch one bounded batch from `position`; return the records dispatched."""
+        assert self._cuts is None, "queue cuts in flight: dispatch with _dispatch_next"
         position = self.position
         return self._dispatch_scanned(position, *self._scan(position))
 
     async def _dispatch_next(self) -> int:
         """dispatch_once, with its read of old log bytes (a re-dispatch from far back after a
-        restart) made by a cold-read worker, not on the loop (node/store/cold_reads.py)."""
+        restart) made by a cold-read worker, not on the loop (node/store/cold_reads.py).
+        Not before the queue cuts in flight are durable (cut_queues)."""
+        await self._cuts_done()
         position = self.position
         spans, next_position = await read_without_stalling(self._scan, position)
         if self.position != position:       # reset meanwhile (a truncation): scan again

@@ -91,6 +91,21 @@ class TruncateReport:
     removed_files: list[str]
 
 
+@dataclass
+class TailCut:
+    """A cut `SegmentedFile.detach_tail` made in the set, its file work still to do."""
+    file: SegmentedFile
+    offset: int
+    kept: Segment | None           # the segment now holding the end (its write_pos is the cut)
+    detached: list[Segment]        # out of the set, their files still there and open
+    zeroed_bytes: int
+
+    def make_durable(self) -> TruncateReport:
+        """Zero the kept segment past the cut, remove the detached files, each durable. May
+        run on a worker thread; StoreFatal when a truncate or fsync fails."""
+        return self.file._make_durable(self)
+
+
 class SegmentedFile:
     """Ordered segments in one directory, each `segment_size` bytes."""
 
@@ -358,39 +373,54 @@ class SegmentedFile:
 
     def truncate(self, offset: int) -> TruncateReport:
         """Durably drop every byte at or past `offset` (zeroed, later files deleted)."""
-        with self._io:
-            self.forget_fetched()
-            return self._truncate(offset)
+        return self.detach_tail(offset).make_durable()
 
-    def _truncate(self, offset: int) -> TruncateReport:
-        removed: list[str] = []
+    def detach_tail(self, offset: int) -> TailCut:
+        """truncate's change of the set, with no file work, where the set is read (the event
+        loop): the segments past `offset` leave it (their descriptors stay open, for a flush
+        or fetch holding them) and the one holding `offset` ends there, so no read goes past
+        it from here on. `TailCut.make_durable` (a worker thread may run it) zeroes, fsyncs and
+        removes. Nothing may be appended in between: that would write where the cut zeroes."""
+        self.forget_fetched()
+        detached: list[Segment] = []
         while self.segments and self.segments[-1].base > offset:
-            seg = self.segments.pop()
-            self._bases.pop()
-            seg.handle.close()
-            self.fs.remove(seg.path)
-            removed.append(seg.path)
+            self._bases.pop()           # first: a reader's bisect never indexes past `segments`
+            detached.append(self.segments.pop())
+        kept = self.last()
         zeroed = 0
-        seg = self.last()
-        if seg is not None:
-            rel = min(seg.capacity, max(0, offset - seg.base))
+        if kept is not None:
+            rel = min(kept.capacity, max(0, offset - kept.base))
             # Everything past `rel` may hold data (up to write_pos; up to the whole file when
-            # the end is not known yet, write_pos == capacity after load). Cut the file down
-            # to `rel` and grow it back: the kernel frees those blocks and they read as zeros,
-            # at the cost of two metadata updates instead of writing up to a segment of zeros.
-            zeroed = max(0, seg.write_pos - rel)
-            try:
-                seg.handle.truncate(rel)
-                seg.handle.truncate(seg.capacity)
-                seg.handle.fsync()
-            except OSError as e:
-                raise StoreFatal(f"truncate to {offset} failed in {self.directory}: {e}") from e
-            seg.write_pos = rel
-        if removed:
-            self._names.sync_now(files_remain=bool(self.segments))
+            # the end is not known yet, write_pos == capacity after load).
+            zeroed = max(0, kept.write_pos - rel)
+            kept.write_pos = rel
         self.flushed = min(self.flushed, self.end)
         self._uncached = min(self._uncached, self.end)
-        return TruncateReport(offset, zeroed, removed)
+        return TailCut(self, offset, kept, detached, zeroed)
+
+    def _make_durable(self, cut: TailCut) -> TruncateReport:
+        with self._io:
+            removed: list[str] = []
+            for seg in cut.detached:
+                seg.handle.close()
+                self.fs.remove(seg.path)
+                removed.append(seg.path)
+            if cut.kept is not None:
+                # Cut the file down to the end and grow it back: the kernel frees those blocks
+                # and they read as zeros, at the cost of two metadata updates instead of
+                # writing up to a segment of zeros.
+                try:
+                    cut.kept.handle.truncate(cut.kept.write_pos)
+                    cut.kept.handle.truncate(cut.kept.capacity)
+                    cut.kept.handle.fsync()
+                except OSError as e:
+                    raise StoreFatal(f"truncate to {cut.offset} failed in {self.directory}: {e}") from e
+            if removed:
+                self._names.sync_now(files_remain=bool(self.segments))
+            # A flush that ran since the detach counted the old end.
+            self.flushed = min(self.flushed, self.end)
+            self._uncached = min(self._uncached, self.end)
+        return TruncateReport(cut.offset, cut.zeroed_bytes, removed)
 
     def delete_head(self, upto_offset: int) -> list[str]:
         """Delete whole segments that end at or before `upto_offset` (never the last one);

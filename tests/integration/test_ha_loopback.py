@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import pytest
@@ -23,6 +24,7 @@ from node.replicated_log import PutStatus
 from node.store.errors import NotLeader
 from node.store.fileio import FileSystem
 from node.store.message import MessageDraft, decode_record
+from tests.unit.fsync_hooks import FsyncHooked
 
 SEG = 64 * 1024
 FAST = HATimings(heartbeat_interval_ms=200, housekeeping_ms=2000, slave_ack_timeout_ms=1500)
@@ -551,3 +553,58 @@ def test_regression_a_broker_being_promoted_reports_master_only_with_its_new_epo
     assert len(seen) >= 10 and all(e == 3 for role, e in seen if role == "MASTER"), seen[:5]
     assert after == ("MASTER", 3, True)
     assert res[0].status is PutStatus.SEND_OK
+
+
+class _LoopFsyncs(FsyncHooked):
+    """Counts the fsyncs made on the event loop's thread (the main one) while `watching`."""
+
+    def __init__(self):
+        self.watching, self.on_loop = False, 0
+
+    def before_fsync(self):
+        if self.watching and threading.current_thread() is threading.main_thread():
+            self.on_loop += 1
+
+
+def test_regression_an_old_master_truncates_its_tail_off_the_event_loop(tmp_path):
+    """An old master's truncation to where its log agrees with the new master's (the tail
+    scanned for its queue offsets, zeroed, fsynced, later files removed) ran on the event loop:
+    each fsync took up to 0.3 s on a busy disk, and an unreplicated tail may be hundreds of MB.
+    Its file work runs on worker threads now, and the truncation still returns only once
+    every listener's cut is settled (the consume queues'), before the old master syncs."""
+    async def main():
+        fs = _LoopFsyncs()
+        a = HALog(fs, str(tmp_path / "a"), lcfg(), HALogConfig(
+            broker_id=0, initial_role=MASTER, sync_master=False, ha_listen_host="127.0.0.1", ha_listen_port=0,
+            self_api_address="127.0.0.1:1", timings=FAST))
+        await a.start()
+        await a.become_master(epoch=1)
+        await a.append([msg(i) for i in range(10)])
+        b = slave_log(tmp_path / "b", a)
+        await b.start()
+        await until(lambda: b.committed_position == a.committed_position, what="slave caught up")
+        await b._stop_client()
+        tail = await a.append([msg(100 + i, size=3000) for i in range(60)])    # past a segment: files to remove
+        a_end = a.commitlog.max_offset
+        assert a_end > SEG and tail[-1].physical_offset > SEG
+        await b.become_master(epoch=2)
+        await b.append([msg(200)])
+        settled, order = asyncio.Event(), []
+
+        async def settle():
+            await asyncio.sleep(0.05)
+            order.append("cut settled")
+            settled.set()
+
+        a.truncate_listeners.append(lambda offset: (order.append(offset), settle())[1])
+        fs.watching = True
+        await a.become_slave(f"127.0.0.1:{b.ha_port}", "127.0.0.1:1", epoch=2)
+        await until(lambda: a.committed_position == b.committed_position, what="old master resynced")
+        fs.watching = False
+        assert fs.on_loop == 0, f"{fs.on_loop} fsync(s) of the truncating old master ran on the event loop"
+        assert order[0] < a_end and order[1:] == ["cut settled"], order
+        assert bodies(a) == bodies(b) and b"000100" not in bodies(a)
+        assert len(a.commitlog.files.segments) == 1
+        await a.stop()
+        await b.stop()
+    asyncio.run(main())

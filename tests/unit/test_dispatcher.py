@@ -463,12 +463,12 @@ def _gated_recovery(store: Store) -> tuple[threading.Event, threading.Event, lis
     return entered, go, on_main
 
 
-async def _until_set(event: threading.Event) -> None:
-    for _ in range(2000):
-        if event.is_set():
+async def until(pred, timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.005)):
+        if pred():
             return
         await asyncio.sleep(0.005)
-    raise AssertionError("the recovery never reached its worker")
+    raise AssertionError("timed out")
 
 
 def test_regression_startup_recovery_off_the_loop_reads_the_log_positions_once(tmp_path):
@@ -490,7 +490,7 @@ def test_regression_startup_recovery_off_the_loop_reads_the_log_positions_once(t
 
     async def scenario() -> int:
         task = asyncio.ensure_future(t.d.startup_recover_in_background(log.records[20][0]))
-        await _until_set(entered)
+        await until(entered.is_set)
         log.commit()                             # meanwhile the log learns all 30 are committed
         go.set()
         start = await task
@@ -518,7 +518,7 @@ def test_a_change_of_the_log_during_the_recovery_reaches_the_queues_after_it(tmp
 
     async def scenario() -> None:
         task = asyncio.ensure_future(s.d.startup_recover_in_background(log.end_physical))
-        await _until_set(entered)
+        await until(entered.is_set)
         s.d.when_recovered(lambda: calls.append(("first", s.d.position)))
         s.d.when_recovered(lambda: (calls.append(("second", s.d.position)), s.d.skip_to(log.positions[5])))
         assert calls == []
@@ -574,3 +574,89 @@ def test_regression_the_final_flush_at_stop_does_not_hold_the_event_loop(tmp_pat
     ran, committed, end = asyncio.run(scenario())
     assert ran == 20
     assert committed == end
+
+
+def test_regression_cut_queues_makes_its_cuts_durable_off_the_event_loop(tmp_path):
+    """After a slave's truncation (and a DLedger reset) every consume queue was cut on the
+    event loop, a truncate and an fsync per queue: seconds with a few hundred queues on a slow
+    disk. Now the cut is made in memory on the loop (no pull sees a dropped unit from then on)
+    and the files on a worker; dispatch waits for them, the checkpoint is lowered to the
+    rewound position, and the queues end up as a rebuild from the log would make them."""
+    class Watched(FsyncHooked):
+        def __init__(self):
+            self.gate, self.entered = threading.Event(), threading.Event()
+            self.gate.set()
+            self.on_loop = 0
+
+        def before_fsync(self):
+            if threading.current_thread() is threading.main_thread():
+                self.on_loop += 1
+            if not self.gate.is_set():
+                self.entered.set()
+                assert self.gate.wait(10)
+
+    async def scenario() -> None:
+        log = FakeLog()
+        fill(log, 40)
+        fs = Watched()
+        s = Store(log, tmp_path, fs=fs, flush_interval_ms=60_000)
+        s.recover(log)
+        s.d.start()
+        await until(lambda: s.d.position == log.end)
+        assert await s.d.flush_in_background() and s.cp.committed_offset == log.end
+        old_max = {key: cq.max_offset for key, cq in ((k, s.cqs.get(*k)) for k in expected_cqs(log))}
+        log.truncate(25)
+        fs.on_loop = 0
+        fs.gate.clear()                                  # the cuts' fsyncs wait at the gate
+        dropped = s.d.cut_queues(log.end_physical, rewind_to=log.end)
+        assert dropped == 40 - 25
+        kept = expected_cqs(log)
+        assert {key: s.cqs.get(*key).max_offset for key in old_max} == \
+            {key: len(kept.get(key, [])) for key in old_max}        # at once, before any file work
+        fill(log, 6, start=25)                           # the log goes on over the cut
+        await until(fs.entered.is_set)
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        assert s.d.position == log.positions[25]         # dispatch waits for the cuts
+        fs.gate.set()
+        await s.d.queues_settled()
+        on_disk = Checkpoint(FileSystem(), str(tmp_path))
+        on_disk.load()
+        assert on_disk.committed_offset == log.positions[25]   # lowered to the rewound position
+        await until(lambda: s.d.position == log.end)
+        await s.d.stop()
+        assert fs.on_loop == 0, f"{fs.on_loop} fsync(s) of the cut ran on the event loop"
+        assert cq_contents(s) == expected_cqs(log)
+        assert s.cp.committed_offset == log.end
+        s.close()
+        again = Store(log, tmp_path)                     # and as the files hold them
+        again.recover(log)
+        assert cq_contents(again) == expected_cqs(log)
+        again.close()
+
+    asyncio.run(scenario())
+
+
+def test_regression_a_flush_staged_before_a_rewind_saves_no_checkpoint(tmp_path):
+    """A flush staged before a truncation's rewind, its worker run after the rewind's cut,
+    would save the old (later) position: a restart would then dispatch from past the cut and
+    leave out the records the new master sent there."""
+    async def scenario() -> None:
+        log = FakeLog()
+        fill(log, 12)
+        s = Store(log, tmp_path)
+        s.recover(log)
+        s.d.catch_up()
+        fill(log, 4, start=12)
+        s.d.dispatch_once()
+        staged = s.d._stage_flush()
+        assert staged is not None and staged[0] == log.end
+        log.truncate(8)
+        s.d.cut_queues(log.end_physical, rewind_to=log.end)
+        await s.d.queues_settled()
+        assert s.cp.committed_offset == log.end
+        assert s.d._sync(*staged) is False               # the stale flush: queues synced, no checkpoint
+        assert s.cp.committed_offset == log.end
+        s.close()
+
+    asyncio.run(scenario())
