@@ -302,24 +302,15 @@ class Dispatcher:
 
     async def _cut_durably(self, before: asyncio.Task | None, tails: list[TailCut], rewind_to: int | None) -> None:
         if before is not None:
-            await asyncio.wait([before])     # in the order asked; its error is raised by whoever awaits it
+            await before        # in the order asked; a cut that failed (StoreFatal) fails the ones after it
         await asyncio.to_thread(self._make_cuts_durable, tails, rewind_to)
 
     def _make_cuts_durable(self, tails: list[TailCut], rewind_to: int | None) -> None:
         with self._sync_lock:       # after a flush in flight, which may have saved a later position
             for tail in tails:
                 tail.make_durable()
-            cp = self.checkpoint
-            if rewind_to is None or cp.committed_offset <= rewind_to:
-                return
-            cp.committed_offset = rewind_to
-            try:
-                cp.save()
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                # Recovery clamps a checkpoint past the log's end to the end; the next flush retries.
-                log.warning("checkpoint not lowered to %d after a truncation: disk full (%s)", rewind_to, e)
+            if rewind_to is not None and self.checkpoint.committed_offset > rewind_to:
+                self._save_checkpoint(rewind_to, None)
 
     async def _cuts_done(self) -> None:
         """Wait for the queue cuts in flight (their error is this caller's, e.g. StoreFatal)."""
@@ -441,21 +432,26 @@ class Dispatcher:
                 self.index.sync()
             if generation != self._cut_generation:
                 return False
-            cp = self.checkpoint
-            cp.committed_offset = position
-            cp.logics_msg_timestamp = store_ts
-            cp.index_msg_timestamp = store_ts
-            try:
-                cp.save()
-            except OSError as e:
-                if e.errno != errno.ENOSPC:
-                    raise
-                # write_atomic left the old checkpoint whole (temp file, then rename): recovery
-                # starts a little earlier, nothing is lost. Keep serving; the next flush retries.
-                log.warning("checkpoint not saved at position %d: disk full (%s); retrying at the next flush",
-                            position, e)
-                return False
-            return True
+            return self._save_checkpoint(position, store_ts)
+
+    def _save_checkpoint(self, position: int, store_ts: int | None) -> bool:
+        """Under `_sync_lock`: the checkpoint at `position` (and `store_ts`, when given)."""
+        cp = self.checkpoint
+        cp.committed_offset = position
+        if store_ts is not None:
+            cp.logics_msg_timestamp = cp.index_msg_timestamp = store_ts
+        try:
+            cp.save()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            # write_atomic left the old checkpoint whole (temp file, then rename): recovery
+            # starts a little earlier (a checkpoint past the log's end is clamped to it), nothing
+            # is lost. Keep serving; the next flush retries.
+            log.warning("checkpoint not saved at position %d: disk full (%s); retrying at the next flush",
+                        position, e)
+            return False
+        return True
 
     def _flushed(self, position: int, ok: bool) -> bool:
         if ok:

@@ -38,8 +38,8 @@ def lcfg(flush=ASYNC_FLUSH) -> LocalLogConfig:
     return LocalLogConfig(segment_size_bytes=SEG, flush_disk_type=flush, refuse_check_interval_ms=0)
 
 
-def master_log(root, sync=True, flush=ASYNC_FLUSH, timings=FAST, **kw) -> HALog:
-    return HALog(FileSystem(), str(root), lcfg(flush), HALogConfig(
+def master_log(root, sync=True, flush=ASYNC_FLUSH, timings=FAST, fs=None, **kw) -> HALog:
+    return HALog(fs or FileSystem(), str(root), lcfg(flush), HALogConfig(
         broker_id=0, initial_role=MASTER, sync_master=sync, ha_listen_host="127.0.0.1", ha_listen_port=0,
         self_api_address="127.0.0.1:1", timings=timings, **kw))
 
@@ -471,9 +471,7 @@ def test_regression_a_slave_writes_its_epoch_file_off_the_event_loop(tmp_path):
 
     async def main():
         fs = _CountedSlowEpochWrites()
-        a = HALog(fs, str(tmp_path / "a"), lcfg(), HALogConfig(
-            broker_id=0, initial_role=MASTER, sync_master=True, ha_listen_host="127.0.0.1", ha_listen_port=0,
-            self_api_address="127.0.0.1:1", timings=FAST))
+        a = master_log(tmp_path / "a", sync=True, fs=fs)
         await a.start()
         await a.become_master(epoch=1)
         b = slave_log(tmp_path / "b", a)
@@ -574,9 +572,7 @@ def test_regression_an_old_master_truncates_its_tail_off_the_event_loop(tmp_path
     every listener's cut is settled (the consume queues'), before the old master syncs."""
     async def main():
         fs = _LoopFsyncs()
-        a = HALog(fs, str(tmp_path / "a"), lcfg(), HALogConfig(
-            broker_id=0, initial_role=MASTER, sync_master=False, ha_listen_host="127.0.0.1", ha_listen_port=0,
-            self_api_address="127.0.0.1:1", timings=FAST))
+        a = master_log(tmp_path / "a", sync=False, fs=fs)
         await a.start()
         await a.become_master(epoch=1)
         await a.append([msg(i) for i in range(10)])
