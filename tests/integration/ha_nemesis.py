@@ -22,9 +22,10 @@ what a slave of b0 connects to) and its own way to each controller ("b0>c1"). Fa
     clock_step          the broker's wall clock stepped by a minute to two days, either way,
                         and back when the step ends (tests/integration/wallclock.py)
     clock_step_controller  the same on a controller
-    retention           kill -9 of the broker; the other then cuts its whole commitlog but the
-                        file being written (nemesis.py's retention), and the broker, started
-                        again when the step ends, is behind the master's first offset
+    retention           kill -9 of the slave; the master then cuts its whole commitlog but the
+                        file being written (nemesis.py's retention), and the slave, started
+                        again when the step ends, is behind the master's first offset: its
+                        log restarts there
     kill_all            kill -9 of both brokers, then both started again
 
 Client threads send unique messages to the master (dledger_harness.Workload): SEND_OK is
@@ -229,6 +230,13 @@ class ClassicGroup:
 
 
 class ClassicNemesis(Nemesis):
+    def _target_of(self, f: Fault) -> str:
+        # retention kills the slave: the master takes the filler and cuts, and the slave comes
+        # back behind the master's first offset (its log restarts there). A master killed
+        # instead was most often back before the controller replaced it, and the slave cut
+        # its own log: nothing returned behind anyone.
+        return "other" if f.kind == "retention" else f.target
+
     def _apply(self, f: Fault, node: str, used: list[str]):
         g: ClassicGroup = self.cluster
         if f.kind in ("kill9_controller", "sigstop_controller", "clock_step_controller"):

@@ -243,13 +243,16 @@ class Nemesis:
                 undo.append(self._start_all)
                 self.applied.append(f"{self._now()} kill_all hold {step.hold_s}")
                 continue
-            node = self._resolve(f.target, leader, used)
+            node = self._resolve(self._target_of(f), leader, used)
             used.append(node)
             undo.append(self._apply(f, node, used))
         time.sleep(step.hold_s)
         for u in reversed(undo):
             u()
         time.sleep(step.rest_s)
+
+    def _target_of(self, f: Fault) -> str:
+        return f.target
 
     def _resolve(self, target: str, leader: str | None, used: list[str]) -> str:
         free = [i for i in self.cluster.ids if i not in used]
