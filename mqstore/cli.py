@@ -2,7 +2,8 @@
 
     mqstore node --config broker.conf
     mqstore topicList | topicStatus -t T | updateTopic -t T -r 8 -w 8
-    mqstore queryMsgById -i ID | queryMsgByKey -t T -k K | queryMsgByOffset -t T -q 0 -o 5
+    mqstore queryMsgById -i ID | queryMsgByUniqueKey -t T -i MSGID | queryMsgByKey -t T -k K
+    mqstore queryMsgByOffset -t T -q 0 -o 5
     mqstore brokerStatus | send -t T -b hello | pull -t T -q 0 -o 0
     mqstore clusterList | topicRoute -t T | deleteTopic -t T | getBrokerConfig
     mqstore consumerProgress [-g G] | resetOffsetByTime -g G -t T -s now
@@ -389,8 +390,29 @@ def cmd_update_topic(a) -> tuple[Any, str]:
 
 
 def cmd_query_by_id(a) -> tuple[Any, str]:
-    doc = call(a.endpoint, "GET", f"/messages/{q(a.msg_id)}")
+    """By offsetMsgId; with a topic, an id that is no offsetMsgId here is then taken as a
+    msgId (the producer's UNIQ_KEY), as mqadmin's queryMsgById does."""
+    try:
+        doc = call(a.endpoint, "GET", f"/messages/{q(a.msg_id)}")
+    except CliError:
+        if not a.topic:
+            raise
+        return cmd_query_by_unique_key(a)
     return doc, message_dump(doc)
+
+
+UNIQUE_KEY_CANDIDATES = 32    # index hits read per msgId (a KEYS word may equal one too)
+
+
+def cmd_query_by_unique_key(a) -> tuple[Any, str]:
+    """mqadmin queryMsgByUniqueKey: the message(s) whose msgId (UNIQ_KEY) is `-i`, found through
+    the index (messages sent again with the same msgId: every copy, oldest first)."""
+    path = f"/topics/{q(a.topic)}/messages?key={q(a.msg_id)}&max={UNIQUE_KEY_CANDIDATES}"
+    found = [m for m in call(a.endpoint, "GET", path)["messages"] if m["msg_id"] == a.msg_id]
+    if not found:
+        raise CliError(f"no message with msgId {a.msg_id} in topic {a.topic} (is it an offsetMsgId? "
+                       f"queryMsgById -i)")
+    return {"messages": found}, "\n".join(message_dump(m) for m in found)
 
 
 def cmd_query_by_key(a) -> tuple[Any, str]:
@@ -610,7 +632,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--read-queues", type=int)
     p.add_argument("-w", "--write-queues", type=int)
     p.add_argument("-p", "--perm", type=int)
-    _admin(sub, "queryMsgById", cmd_query_by_id, "query by offsetMsgId").add_argument("-i", "--msg-id", required=True)
+    p = _admin(sub, "queryMsgById", cmd_query_by_id, "query by offsetMsgId (or, with -t, by msgId)")
+    p.add_argument("-i", "--msg-id", required=True)
+    p.add_argument("-t", "--topic", help="the topic: an id that is no offsetMsgId is taken as a msgId")
+    p = _admin(sub, "queryMsgByUniqueKey", cmd_query_by_unique_key, "query by msgId (the producer's UNIQ_KEY)")
+    p.add_argument("-i", "--msg-id", required=True)
+    p.add_argument("-t", "--topic", required=True)
     p = _admin(sub, "queryMsgByKey", cmd_query_by_key, "query by key")
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-k", "--key", required=True)

@@ -163,3 +163,25 @@ def test_a_not_leader_answer_is_followed_or_waited_out_but_an_unknown_outcome_is
     finally:
         for s in (leader_srv, follower_srv, electing_srv, unknown_srv):
             s.shutdown()
+
+
+def test_query_by_unique_key_finds_the_producers_msg_id_and_query_by_id_falls_back_to_it(endpoint, capsys):
+    """mqadmin queryMsgByUniqueKey -i msgId -t T; queryMsgById -i msgId -t T takes an id that is
+    no offsetMsgId as a msgId. A message whose KEYS word equals the msgId is not a match."""
+    uniq = "0A0000010B1C18B4AAC2627A51B40000"
+    assert run_cli(endpoint, "updateTopic", "-t", "TopicU", "-r", "1", "-w", "1")[0] == 0
+    doc = {"messages": [{"body": "the one", "queue_id": 0, "properties": {"UNIQ_KEY": uniq}},
+                        {"body": "a namesake", "queue_id": 0, "keys": [uniq]}]}
+    sent = cli.call(endpoint, "POST", "/topics/TopicU/messages", doc)["results"]
+    assert sent[0]["msg_id"] == uniq and sent[1]["msg_id"] != uniq
+    settle(endpoint, "TopicU", 0, 2)
+    rc, out = run_cli(endpoint, "queryMsgByUniqueKey", "-t", "TopicU", "-i", uniq)
+    assert rc == 0 and out.count("OffsetID:") == 1
+    assert f"OffsetID:            {sent[0]['offset_msg_id']}\n" in out and out.endswith("Message Body:        the one\n")
+    rc, by_id = run_cli(endpoint, "queryMsgById", "-i", uniq, "-t", "TopicU")
+    assert rc == 0 and by_id == out
+    rc, _ = run_cli(endpoint, "queryMsgById", "-i", uniq)               # no topic: an offsetMsgId only
+    assert rc == 1 and "ERROR:" in capsys.readouterr().err
+    rc, _ = run_cli(endpoint, "queryMsgByUniqueKey", "-t", "TopicU", "-i", "0A0000010B1C18B4AAC2627A51B4FFFF")
+    assert rc == 1 and "no message with msgId 0A0000010B1C18B4AAC2627A51B4FFFF in topic TopicU" in \
+        capsys.readouterr().err

@@ -44,6 +44,8 @@ MESSAGE = {"msg_id": "7F00000100004E1F0000000000001A2B", "offset_msg_id": "7F000
            "keys": ["order-1", "user-9"], "properties": {"KEYS": "order-1 user-9", "TAGS": "TagA"},
            "born_timestamp": T0 - 1500, "store_timestamp": T0, "born_host": "127.0.0.1:50000",
            "store_host": "127.0.0.1:20911", "reconsume_times": 0, "body_crc": 1, "body": "hello"}
+UNIQ_MESSAGE = {**MESSAGE, "msg_id": "0A0000010B1C18B4AAC2627A51B40000",
+                "properties": {**MESSAGE["properties"], "UNIQ_KEY": "0A0000010B1C18B4AAC2627A51B40000"}}
 ANSWERS = {
     ("GET", "/cluster/nodes"): NODES,
     ("GET", "/cluster"): {"cluster": "DefaultCluster", "group": "broker-a", "role": "LEADER"},
@@ -71,6 +73,7 @@ ANSWERS = {
     ("GET", "/messages/7F00000100004E1F0000000000001A2B"): MESSAGE,
     ("GET", "/topics/TopicTest/queues/0/messages/17"): MESSAGE,
     ("GET", "/topics/TopicTest/messages?key=order-1&max=32"): {"messages": [MESSAGE]},
+    ("GET", f"/topics/TopicTest/messages?key={UNIQ_MESSAGE['msg_id']}&max=32"): {"messages": [UNIQ_MESSAGE]},
 }
 
 CASES = {
@@ -88,6 +91,7 @@ CASES = {
     "queryMsgById": ["queryMsgById", "-i", "7F00000100004E1F0000000000001A2B"],
     "queryMsgByOffset": ["queryMsgByOffset", "-t", "TopicTest", "-q", "0", "-o", "17"],
     "queryMsgByKey": ["queryMsgByKey", "-t", "TopicTest", "-k", "order-1"],
+    "queryMsgByUniqueKey": ["queryMsgByUniqueKey", "-t", "TopicTest", "-i", "0A0000010B1C18B4AAC2627A51B40000"],
     "consumerProgress_group.json": ["consumerProgress", "-g", "please_rename_unique_group_name", "--json"],
 }
 
