@@ -55,7 +55,8 @@ from node.loop_watchdog import stalls_in_logs
 from tests.integration.dledger_harness import (ACKED, FAILED, SEGMENT_BYTES, SMALL_FILES, Attempt, Workload,
                                                check_messages, compare_consume_queues)
 from tests.integration.nemesis import (DISK_MIB, RETENTION_CONF, START_ATTEMPTS, ClaimMonitor, Fault, Nemesis,
-                                       available_kinds, cli, fault_figures, run_figures, schedule, seed_failed)
+                                       available_kinds, cli, events_in_logs, fault_figures, run_figures, schedule,
+                                       seed_failed)
 from tests.integration.small_disk import SmallDisk
 from tests.integration.wallclock import WallClock
 
@@ -229,6 +230,11 @@ class ClassicGroup:
             disk.unmount(keep=keep_stores)
 
 
+# What a run's logs say happened (nemesis.events_in_logs): which paths the faults reached.
+CLASSIC_EVENTS = {"truncations": "truncated commitlog to", "slave_restarts": "restarting its log there",
+                  "promotions": "became MASTER (was SLAVE)"}
+
+
 class ClassicNemesis(Nemesis):
     def _target_of(self, f: Fault) -> str:
         # retention kills the slave: the master takes the filler and cuts, and the slave comes
@@ -394,6 +400,7 @@ def run_seed(seed: int, seconds: float, root: str) -> dict:
         attempts = workload.snapshot()
         figures = verify_classic(group, attempts, workload.topic)
         figures["loop_stalls"] = stalls_in_logs([n.log_path for n in group.nodes.values()])
+        figures["log_events"] = events_in_logs([n.log_path for n in group.nodes.values()], CLASSIC_EVENTS)
         failed = False
     except BaseException as e:
         raise seed_failed(e, f"HA nemesis seed {seed} ({seconds} s)", workload, monitor, nemesis,

@@ -130,6 +130,25 @@ def schedule(seed: int, seconds: float, kinds: tuple[str, ...] = KINDS,
     return steps
 
 
+# What a run's logs say happened, counted for its verdict: which paths the faults reached.
+DLEDGER_EVENTS = {"resets": "log reset to the leader's base", "truncations": ": truncated from index",
+                  "repairs": ") repaired: ", "dropped_unrepaired": ") dropped unrepaired: "}
+
+
+def events_in_logs(paths: list[str], events: dict[str, str], max_bytes: int = 64 << 20) -> dict[str, int]:
+    """How many log lines of `paths` hold each event's phrase (at most `max_bytes` a file)."""
+    counts = dict.fromkeys(events, 0)
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                text = f.read(max_bytes).decode("utf-8", "replace")
+        except OSError:
+            continue
+        for name, phrase in events.items():
+            counts[name] += text.count(phrase)
+    return counts
+
+
 def _fault(rng: random.Random, target: str, kinds: tuple[str, ...], weights: tuple[int, ...]) -> Fault:
     kind = rng.choices(kinds, weights)[0]
     if kind in ("isolate", "bridge") or kind.startswith("cut_"):
@@ -484,6 +503,7 @@ def run_seed(seed: int, seconds: float, root: str, nodes: int = 3) -> dict:
             offsets.check(n.store_dir)
         figures["offset_commits_acked"] = offsets.acked()
         figures["loop_stalls"] = stalls_in_logs([n.log_path for n in cluster.nodes.values()])
+        figures["log_events"] = events_in_logs([n.log_path for n in cluster.nodes.values()], DLEDGER_EVENTS)
         failed = False
     except BaseException as e:
         if offsets is not None:
