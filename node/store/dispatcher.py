@@ -469,7 +469,8 @@ class Dispatcher:
         """dispatch_once, with its read of old log bytes (a re-dispatch from far back after a
         restart) made by a cold-read worker, not on the loop (node/store/cold_reads.py).
         Not before the queue cuts in flight are durable (cut_queues)."""
-        await self._cuts_done()
+        if self._cuts is not None:
+            await self._cuts_done()
         position = self.position
         spans, next_position = await read_without_stalling(self._scan, position)
         if self.position != position:       # reset meanwhile (a truncation): scan again

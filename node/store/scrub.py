@@ -103,11 +103,16 @@ class CorruptionRegistry:
             fn(r)
         return True
 
-    def clear(self, start: int, how: str) -> None:
+    def _remove(self, start: int) -> CorruptRange | None:
         r = self._ranges.pop(start, None)
+        if r is not None:
+            del self._starts[bisect.bisect_left(self._starts, start)]
+        return r
+
+    def clear(self, start: int, how: str) -> None:
+        r = self._remove(start)
         if r is None:
             return
-        del self._starts[bisect.bisect_left(self._starts, start)]
         self.repaired_total += 1
         log.info("corrupt range in %s at offset %d (+%d bytes, index %s) repaired: %s", r.path, r.start,
                  r.end - r.start, r.index, how)
@@ -115,10 +120,9 @@ class CorruptionRegistry:
     def forget(self, start: int, why: str) -> None:
         """A range whose bytes are gone unrepaired (its file deleted): dropped, not counted as
         repaired; logged once."""
-        r = self._ranges.pop(start, None)
+        r = self._remove(start)
         if r is None:
             return
-        del self._starts[bisect.bisect_left(self._starts, start)]
         log.warning("corrupt range in %s at offset %d (+%d bytes, index %s) dropped unrepaired: %s", r.path,
                     r.start, r.end - r.start, r.index, why)
 
