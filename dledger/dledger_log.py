@@ -678,12 +678,15 @@ class DLedgerLog:
         if new is not None:
             # The new base's state file and meta take four fsyncs, after any flush in progress:
             # on a worker thread, as the flushes (docs/raft.md, "Disk waits stay off the event loop").
-            try:
-                await asyncio.to_thread(store.write_base, new)
-            except DiskFull as e:   # no room for the new base's state file: nothing was deleted
-                log.warning("dledger %s: retention could not write the new base: %s", self.node.node_id, e)
-                return None
-            removed = store.cut_below_base(new)
+            # No flush starts until the cut is made: the cut closes files on the loop, and would
+            # wait there for a flush's fsync of them.
+            async with self.node.flushes_held():
+                try:
+                    await asyncio.to_thread(store.write_base, new)
+                except DiskFull as e:   # no room for the new base's state file: nothing was deleted
+                    log.warning("dledger %s: retention could not write the new base: %s", self.node.node_id, e)
+                    return None
+                removed = store.cut_below_base(new)
             if store.reserve is not None:
                 await asyncio.to_thread(store.reserve.ensure, True)   # a spent reserve comes back after a cut
         for k in [k for k in self._file_tables if k <= decision.delete_upto]:

@@ -181,8 +181,8 @@ class RaftNode:
         self._held: Ready | None = None
         self._held_written = False
         self._held_write: asyncio.Task | None = None
-        # Taken around the flusher's and group commit's store calls, and by a held reset from
-        # its file work to its switch: the switch never waits on the loop for an fsync.
+        # Taken around the flusher's and group commit's store calls, by a held reset from its
+        # file work to its switch, and by retention's cut: neither waits on the loop for an fsync.
         self._disk_gate = asyncio.Lock()
         self._prepared_reset = None                  # a held reset's files, written; switched in the next round
         self.core: RaftCore | None = None
@@ -293,6 +293,11 @@ class RaftNode:
         term and vote are being written. The core has moved on in memory; the listener has not
         heard of it yet."""
         return self._stalled is not None or self._held is not None
+
+    def flushes_held(self) -> asyncio.Lock:
+        """`async with` it: no flush or checkpoint of the store runs inside, so a change of the
+        file sets made on the loop there never waits for an fsync (retention's cut)."""
+        return self._disk_gate
 
     @property
     def truncating(self) -> bool:

@@ -278,24 +278,29 @@ class ConsumeQueue:
         return end - cut, tail
 
     def delete_expired(self, min_phys: int) -> int:
-        """Delete whole files whose last unit is below `min_phys`; raise min_offset to match."""
-        removed = 0
-        for seg in list(self.file.segments[:-1]):   # never the last file (RocketMQ)
+        """Delete whole files whose last unit is below `min_phys`; raise min_offset to match.
+        Never waits for a flush of this queue in progress (it runs on the event loop): the
+        files it holds go at the next pass, and min_offset is raised at once all the same."""
+        upto = None
+        for seg in self.file.segments[:-1]:   # never the last file (RocketMQ)
             last = seg.base // UNIT_SIZE + self.units_per_file - 1
             if self._unit_at(last)[0] >= min_phys:
                 break
-            removed += len(self.file.delete_head(seg.base + seg.capacity))
+            upto = seg.base + seg.capacity
+        removed = len(self.file.delete_head(upto, wait=False)) if upto is not None else 0
         self._correct_min_offset(min_phys)
         if removed:
             log.info("%s: deleted %d expired file(s); min offset now %d", self.directory, removed, self._min)
         return removed
 
     def _correct_min_offset(self, min_phys: int) -> None:
-        """min_offset = first real unit of the first file at or past min_phys (never lowered)."""
+        """min_offset = first real unit at or past min_phys (never lowered). Blank units are
+        only a restarted queue's head, so liveness is monotonic over the queue. Not only the
+        first file: expired files a flush held are still there (delete_expired)."""
         if not self.file.segments:
             return
         lo = max(self._min, self.file.start // UNIT_SIZE)
-        hi = min(self.max_offset, self.file.start // UNIT_SIZE + self.units_per_file)
+        hi = self.max_offset
         first = _bsearch(lo, hi, lambda i: self._is_live(i, min_phys))
         self._min = max(self._min, first)
 

@@ -571,36 +571,38 @@ class IndexService:
         return out
 
     def _delete(self, f: IndexFile) -> None:
-        with self._io:
-            f.close()
-        self._remove([f.path])
+        self._remove([f])
 
     def delete_expired(self, min_phys: int) -> list[str]:
         """Delete files (never the last) whose every entry is below the commitlog's min offset;
-        one a query is reading goes when that query ends."""
+        one a query is reading goes when that query ends. They leave the set here; they are
+        closed and removed by the reaper's thread, so the event loop never waits for a sync
+        in progress (it holds the files across its fsyncs)."""
         removed: list[str] = []
-        paths: list[str] = []
+        gone: list[IndexFile] = []
         while len(self.files) > 1 and self.files[0].end_phy_offset < min_phys:
             f = self.files.pop(0)
             if f.readers:
                 f.doomed = True
             else:
-                with self._io:
-                    f.close()
-                paths.append(f.path)
+                gone.append(f)
             removed.append(f.name)
-        if paths:
-            self._remove(paths)
+        if gone:
+            self._remove(gone)
         if removed:
             log.info("index: deleted expired files %s (commitlog min offset %d)", removed, min_phys)
         return removed
 
-    def _remove(self, paths: list[str]) -> None:
-        """Remove closed files and fsync the directory: on the file system's reaper thread if it
-        has one (node/store/reaper.py), else here."""
+    def _remove(self, files: list[IndexFile]) -> None:
+        """Close and remove files out of the set, then fsync the directory: on the file system's
+        reaper thread if it has one (node/store/reaper.py), else here. The close waits for a
+        sync in progress (`_io`): a file it fsyncs is not closed under it."""
         def remove() -> None:
-            for path in paths:
-                self.fs.remove(path)
+            with self._io:
+                for f in files:
+                    f.close()
+            for f in files:
+                self.fs.remove(f.path)
             self.fs.fsync_dir(self.directory)
         if run_or_hand_over(self.fs.reaper, remove):
             self._reaped = True

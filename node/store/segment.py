@@ -422,10 +422,14 @@ class SegmentedFile:
             self._uncached = min(self._uncached, self.end)
         return TruncateReport(cut.offset, cut.zeroed_bytes, removed)
 
-    def delete_head(self, upto_offset: int) -> list[str]:
+    def delete_head(self, upto_offset: int, wait: bool = True) -> list[str]:
         """Delete whole segments that end at or before `upto_offset` (never the last one);
         returns their paths. They leave the file set at once; with the file system's reaper
         (node/store/reaper.py) the files are removed by its thread, else here.
+
+        `wait=False` (an event loop's call): when a flush holds the files (an fsync on a
+        worker thread), delete nothing and return [] at once; the caller's next pass takes
+        them. A flush holds them for as long as its fsync takes: seconds on a slow disk.
 
         One file at a time, each removal durable before the next: a crash then leaves the
         oldest files first, never a gap that would make load() take the live files for
@@ -433,7 +437,9 @@ class SegmentedFile:
         files) and the next call raises StoreFatal, as a failed removal here does."""
         if self._removal_error is not None:
             raise StoreFatal(f"removing old files of {self.directory} failed: {self._removal_error}")
-        with self._io:
+        if not self._io.acquire(blocking=wait):
+            return []
+        try:
             self.forget_fetched()
             paths: list[str] = []
             while len(self.segments) > 1 and self.segments[0].base + self.segment_size <= upto_offset:
@@ -441,6 +447,8 @@ class SegmentedFile:
                 self._bases.pop(0)
                 seg.handle.close()
                 paths.append(seg.path)
+        finally:
+            self._io.release()
         if paths and run_or_hand_over(self.fs.reaper, functools.partial(self._remove_detached, paths,
                                                                          raise_error=self.fs.reaper is None)):
             self._reaped = True

@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import io
 import os
+import threading
 import time
 from datetime import datetime
 
@@ -289,6 +290,72 @@ def test_regression_a_cut_on_a_slow_disk_does_not_stall_the_event_loop(tmp_path)
             await settled(brokers, IDS)
             assert brokers[lead].log.store.first_index() == first
         finally:
+            await stop_all(brokers)
+
+    asyncio.run(main())
+
+
+class GatedFsync(FsyncHooked):
+    """Once `hold` names a directory, fsyncs of its files (and of it) wait at `gate`; removals
+    on a reaper thread, as a node's real file system."""
+
+    def __init__(self):
+        self.hold = ""
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.gate.set()
+        self.reaper = FileReaper()
+
+    def before_fsync_of(self, path):
+        if self.hold and path.startswith(self.hold) and not self.gate.is_set():
+            self.entered.set()
+            assert self.gate.wait(10)
+
+
+def test_regression_retentions_cut_never_waits_on_the_event_loop_for_a_flush(tmp_path):
+    """Retention's cut takes the base in memory and closes the files below it on the event
+    loop, after the new base is written on a worker. A flush that started in between (group
+    commit, or the periodic flusher) holds the data files across its fsync, and the cut waited
+    for it there: for as long as the fsync took, with every Raft timer of the node waiting
+    too. Now no flush starts from the base's writing to the cut (the shell's disk gate)."""
+    async def main():
+        cfg = {n: dataclasses.replace(c, flush_disk_type="SYNC_FLUSH").validate() for n, c in configs(tmp_path).items()}
+        fss = {n: GatedFsync() for n in IDS}
+        brokers = {}
+        for n in IDS:
+            brokers[n] = build_broker(cfg[n], fs=fss[n])
+            await brokers[n].start()
+        try:
+            lead = await leader_of(brokers)
+            b, fs = brokers[lead], fss[lead]
+            await b.create_topic("T", 2)
+            await send(b, "T", 600, "a")
+            await settled(brokers, IDS)
+            store, loop, term = b.log.store, asyncio.get_running_loop(), b.log.node.core.term
+            write_base = store.write_base
+
+            def write_base_then_a_flush_is_wanted(new):
+                write_base(new)
+                fs.hold = store.data.directory
+                fs.gate.clear()
+                threading.Timer(3.0, fs.gate.set).start()   # were the loop to wait, only this frees it
+                sending.append(asyncio.run_coroutine_threadsafe(send(b, "T", 2, "c"), loop))  # a group commit
+                fs.entered.wait(1.0)         # the flush's fsync under way (it was, before the fix)
+
+            sending: list = []
+            store.write_base = write_base_then_a_flush_is_wanted
+            before = data_files(b)
+            await b.log.retention_tick(AT_DELETE_HOUR)
+            assert not fs.gate.is_set(), "retention's cut waited on the loop for a flush's fsync"
+            fs.gate.set()
+            assert [r.queue_offset for r in await asyncio.wrap_future(sending[0])] == [300, 300]
+            assert await asyncio.to_thread(fs.reaper.drain, 10)
+            assert len(data_files(b)) <= len(before) - 3, f"expired head files deleted: {before}"
+            assert b.log.is_writable and b.log.node.core.term == term, "the leader kept its term"
+            res = await send(b, "T", 2, "b")
+            assert [r.queue_offset for r in res] == [301, 301]
+        finally:
+            for fs in fss.values():
+                fs.gate.set()
             await stop_all(brokers)
 
     asyncio.run(main())

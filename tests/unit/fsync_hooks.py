@@ -1,5 +1,6 @@
 """A real file system that calls `before_fsync()` ahead of every file and directory fsync: the
-tests that hold or slow a node's fsyncs subclass it."""
+tests that hold or slow a node's fsyncs subclass it (`before_fsync_of(path)` where the file
+matters)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ class FsyncHooked(FileSystem):
     def before_fsync(self) -> None:
         """Called on the fsyncing thread before each fsync."""
 
-    def fsync_dir(self, path):
+    def before_fsync_of(self, path: str) -> None:
+        """Called on the fsyncing thread before each fsync of `path` (a file or a directory)."""
         self.before_fsync()
+
+    def fsync_dir(self, path):
+        self.before_fsync_of(path)
         super().fsync_dir(path)
 
     def open(self, path):
@@ -22,6 +27,6 @@ class FsyncHooked(FileSystem):
                 return getattr(handle, name)
 
             def fsync(self):
-                fs.before_fsync()
+                fs.before_fsync_of(path)
                 handle.fsync()
         return Hooked()

@@ -26,6 +26,7 @@ from node.store.dispatcher import DEFAULT_DELAY_LEVELS_MS, SCHEDULE_TOPIC, Dispa
 from node.store.errors import CorruptRecord
 from node.store.fileio import FaultyFileSystem, FileSystem
 from node.store.index_file import IndexService
+from node.store.reaper import FileReaper
 from node.store.message import MessageDraft, encode_record, tags_code
 from node.store.segment import ORPHAN_SUFFIX
 from tests.unit.fsync_hooks import FsyncHooked
@@ -657,6 +658,94 @@ def test_regression_a_flush_staged_before_a_rewind_saves_no_checkpoint(tmp_path)
         assert s.cp.committed_offset == log.end
         assert s.d._sync(*staged) is False               # the stale flush: queues synced, no checkpoint
         assert s.cp.committed_offset == log.end
+        s.close()
+
+    asyncio.run(scenario())
+
+
+def test_regression_expiry_never_waits_on_the_event_loop_for_a_flush_in_progress(tmp_path):
+    """The broker expires consume-queue and index files on its event loop every retention
+    pass. Closing a file takes the lock a flush holds across its fsync (on a worker thread),
+    so the loop waited for that fsync: seconds on a slow disk, with Raft's heartbeats and HA's
+    pushes waiting too. Now a queue whose flush is in progress keeps its expired files until
+    the next pass (its min offset is raised at once all the same), and index files leave the
+    set on the loop and are closed and removed by the reaper's thread."""
+    class Gated(FsyncHooked):
+        def __init__(self):
+            super().__init__()
+            self.hold, self.entered = "", threading.Event()
+            self.gate = threading.Event()
+            self.gate.set()
+
+        def before_fsync_of(self, path):
+            if self.hold and self.hold in path and not self.gate.is_set():
+                self.entered.set()
+                assert self.gate.wait(10)
+
+        def holding(self, part: str) -> None:
+            self.hold = part
+            self.entered.clear()
+            self.gate.clear()
+            # Were the loop to wait for the fsync, only this would free it: the check below
+            # then finds the gate open.
+            threading.Timer(3.0, self.gate.set).start()
+
+    def append(log: FakeLog, start: int, n: int) -> None:
+        for i in range(start, start + n):
+            log.append("TopicA", 0, keys=f"k{i}", uniq=f"U{i:08d}")
+
+    async def flush_held(s: Store, fs: Gated, part: str) -> asyncio.Task:
+        fs.holding(part)
+        flushing = asyncio.ensure_future(s.d.flush_in_background())
+        await until(fs.entered.is_set)
+        return flushing
+
+    async def scenario() -> None:
+        log = FakeLog()
+        append(log, 0, 40)                                # one queue: 8 files of UPF units
+        fs = Gated()
+        fs.reaper = FileReaper()
+        s = Store(log, tmp_path, fs=fs, flush_interval_ms=60_000)
+        s.recover(log)
+        s.d.start()
+        await until(lambda: s.d.position == log.end)
+        assert await s.d.flush_in_background()
+        cq, min_phys = s.cqs.get("TopicA", 0), log.records[22][0]
+
+        append(log, 40, 3)
+        await until(lambda: s.d.position == log.end)
+        cq_files_before = len(cq.file.segments)
+        flushing = await flush_held(s, fs, os.path.join("consumequeue", "TopicA"))
+        removed = s.cqs.delete_expired(min_phys)
+        assert not fs.gate.is_set(), "the consume-queue expiry waited for a flush's fsync"
+        assert removed == 0                               # the queue's files are the flush's now
+        assert cq.min_offset == 22                        # raised at once all the same
+        assert len(cq.file.segments) == cq_files_before
+        fs.gate.set()
+        assert await flushing
+
+        append(log, 43, 3)
+        await until(lambda: s.d.position == log.end)
+        index_files_before = len(s.index.files)
+        flushing = await flush_held(s, fs, os.path.join(str(tmp_path), "index"))
+        expired = s.index.delete_expired(min_phys)
+        assert not fs.gate.is_set(), "the index expiry waited for a flush's fsync"
+        assert expired and len(s.index.files) == index_files_before - len(expired)
+        fs.gate.set()
+        assert await flushing
+        assert fs.reaper.drain(10)
+        assert not any(os.path.exists(os.path.join(s.index.directory, name)) for name in expired)
+
+        on_disk = sorted(os.listdir(cq.directory))
+        assert s.cqs.delete_expired(min_phys) == 4        # the next pass takes the queue's files
+        assert fs.reaper.drain(10)
+        assert sorted(os.listdir(cq.directory)) == on_disk[4:]
+        rows: list = []
+        while 22 + len(rows) < cq.max_offset:
+            rows += cq.get_range(22 + len(rows), 100)
+        assert rows == expected_cqs(log)[("TopicA", 0)][22:]
+        assert s.index.query("TopicA", "k45", 0, 2**62, 5) == [log.records[45][0]]
+        await s.d.stop()
         s.close()
 
     asyncio.run(scenario())
