@@ -600,12 +600,12 @@ class EntryStore:
         with self.flush_lock:
             m = self.meta
             pos = base_pos if base_pos is not None else self._end_pos
-            self._write_base_state(base_index, pos, chain, app)
             fields = {"base_index": base_index, "base_term": base_term, "base_chain": chain, "base_pos": pos,
                       "checkpoint_index": max(m.checkpoint_index, base_index), "committed": max(m.committed, base_index)}
-            with self._meta_lock:          # a compaction's pending base is replaced, in one write
-                self._pending_base = fields
-                self._write_meta()
+            # A compaction's pending base is replaced, in one meta write. On a full disk the
+            # reserve is given up for it, as for a cut: the reset frees every old file once it
+            # is switched in (DiskFull, meta unchanged, if even that is not room enough).
+            self._reserved(lambda: self._write_base(fields, app), f"the reset to base {base_index} of {self.dir}")
             self._remove_stale_states(keep=base_index)
             data = self.data.prepare_reset(pos)
             index = self.index.prepare_reset((base_index + 1) * INDEX_SIZE)
@@ -704,8 +704,8 @@ class EntryStore:
             self.reserve.using(write, what)
 
     def _write_base(self, fields: dict, app_state: bytes) -> None:
-        """The state file, then meta naming the new base (`fields`: meta's base_*). On failure
-        meta on disk keeps the old base; DiskFull on ENOSPC."""
+        """The state file, then meta naming the new base (`fields`: meta's base_*, and what a
+        reset raises with them). On failure meta on disk keeps the old base; DiskFull on ENOSPC."""
         try:
             self._write_base_state(fields["base_index"], fields["base_pos"], fields["base_chain"], app_state)
             with self._meta_lock:      # (not over the state file's fsyncs: a term and vote wait for it)

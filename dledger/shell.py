@@ -67,7 +67,9 @@ feeding the core nothing and sending nothing meanwhile (proposals are refused wi
 DiskFull). To the group this is a paused process, which Raft tolerates: a stalled leader
 is replaced, a stalled follower stops acking; once the entries are written the Ready
 completes as if it had just been taken, and the node carries on. DLedgerLog's disk guard
-refuses writes before the disk is this full; the stall covers what gets past it.
+refuses writes before the disk is this full; the stall covers what gets past it. A reset to
+the leader's base whose state file and meta meet ENOSPC (after the reserve) is held and tried
+again every RESET_RETRY_S the same way (`_reset_when_room`).
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ REFUSAL_LOG_INTERVAL_S = 10.0   # at most one warning per this long about refuse
 MAX_FILLS = 2                   # pushes' old entries being read by workers at once (node/store/cold_reads.py)
 ROUND_SEND_BYTES = 1 << 20       # a round ends once it has queued this much (it then wakes the next)
 SLOW_WRITE_PAUSE_MAX_S = 10.0   # the longest the clock stands still after a slow term-and-vote write
+RESET_RETRY_S = 1.0             # a reset that met a full disk is tried again this often
 
 
 class _Stalled(Exception):
@@ -525,7 +528,8 @@ class RaftNode:
         if cut:
             try:
                 if rd.reset_base is not None:
-                    await self._prepare_reset(rd.reset_base)
+                    if not await self._reset_when_room(rd.reset_base):
+                        return          # stopping: the next start recovers the old log or the new base
                 else:
                     await asyncio.to_thread(self.store.truncate_from, rd.truncate_from)
             except StoreError as e:
@@ -571,6 +575,32 @@ class RaftNode:
             raise
         self.metrics["resets"] += 1
         self.metrics["reset_us_max"] = max(self.metrics["reset_us_max"], int((time.perf_counter() - t0) * 1e6))
+
+    async def _reset_when_room(self, base: tuple) -> bool:
+        """`_prepare_reset`, tried again every RESET_RETRY_S while even the reserve leaves no
+        room for the new base's state file and meta: the old log's files, which the reset
+        frees, stay open until its switch. The Ready stays held meanwhile (to the group, a
+        paused follower) and the node's status names the stall. False if the node stops first."""
+        since = None
+        while True:
+            try:
+                await self._prepare_reset(base)
+            except DiskFull as e:
+                if not self._running:
+                    return False
+                if since is None:
+                    since = time.monotonic()
+                    self.metrics["disk_stalls"] += 1
+                    log.error("raft %s: %s; the reset waits for room (tried every %.0f s; no messages in or "
+                              "out meanwhile, as if paused)", self.node_id, e, RESET_RETRY_S)
+                self.stall_reason = str(e)
+                await asyncio.sleep(RESET_RETRY_S)
+                continue
+            if since is not None:
+                log.warning("raft %s: the reset written after %.1f s on a full disk; resuming", self.node_id,
+                            time.monotonic() - since)
+                self.stall_reason = None
+            return True
 
     def _commit_reset(self, rd: Ready) -> None:
         """The held reset's switch (and any truncation with it, a no-op past the new base), then

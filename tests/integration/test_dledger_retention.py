@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import io
 import os
 import threading
@@ -36,7 +37,7 @@ from node.broker import OutgoingMessage
 from node.config import BrokerConfig
 from node.server import build_broker
 from node.loop_watchdog import LoopWatchdog
-from node.store.fileio import FaultyFileSystem
+from node.store.fileio import FaultyFileSystem, FileSystem
 from node.store.reaper import FileReaper
 from tests.integration.dledger_group import DLedgerGroup
 from tests.integration.test_dledger_inprocess import free_ports, wait_for
@@ -177,6 +178,68 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
             brokers[other] = await start(cfg[other])
             await settled(brokers, IDS)
             assert brokers[other].log._applied_table.snapshot() == d.log._applied_table.snapshot()
+        finally:
+            await stop_all(brokers)
+
+    asyncio.run(main())
+
+
+class NoRoomForABase(FileSystem):
+    """A disk with no room for a base's state file while `full` (every other write fits);
+    removals on a reaper thread, as a node's real file system."""
+
+    def __init__(self):
+        self.full, self.refused = True, 0
+        self.reaper = FileReaper()
+
+    def write_atomic(self, path, data):
+        if self.full and os.path.basename(path).startswith("base-"):
+            self.refused += 1
+            raise OSError(errno.ENOSPC, "injected ENOSPC", path)
+        super().write_atomic(path, data)
+
+
+def test_regression_a_reset_on_a_full_disk_waits_for_room_and_then_completes(tmp_path, caplog):
+    """A follower back below the leader's base is reset to it (InstallBase): the base's state
+    file and meta first, then every old file goes. With no room for the state file, even
+    after giving up the reserve, the reset stopped the node for good (StoreFatal), though the
+    files it would have freed were its own. Now the reset is held and tried again each second
+    (to the group a paused follower; its status names the stall), and it completes once there
+    is room."""
+    async def main():
+        cfg, brokers, lead = await started_group(tmp_path)
+        try:
+            down = next(n for n in IDS if n != lead)
+            other = next(n for n in IDS if n not in (lead, down))
+            await brokers[lead].create_topic("T", 2)
+            await send(brokers[lead], "T", 200, "a")
+            await settled(brokers, IDS)
+            await brokers[down].stop()
+            behind = brokers[down].log.store.last_index()
+            await send(brokers[lead], "T", 600, "b")
+            await settled(brokers, (lead, other))
+            for n in (lead, other):
+                await cut(brokers[n])
+            assert brokers[lead].log.store.first_index() > behind + 1
+
+            fs = NoRoomForABase()
+            d = brokers[down] = build_broker(cfg[down], fs=fs)
+            await d.start()
+            await wait_for(lambda: fs.refused >= 4 or d.log.node.fatal is not None, timeout=10)   # tried again
+            assert d.log.node.fatal is None, f"the follower stopped on the full disk: {d.log.node.fatal}"
+            assert "full" in d.log.node.status()["stalled_on_disk"]
+            assert d.log.store.first_index() <= behind, "the old log is served until the reset"
+            res = await send(brokers[lead], "T", 2, "c")            # the group goes on without it
+            assert [r.queue_offset for r in res] == [400, 400]
+
+            fs.full = False
+            await settled(brokers, IDS)
+            assert d.log.store.first_index() > behind + 1 and d.log.node.status()["stalled_on_disk"] is None
+            assert "the reset written after" in caplog.text
+            for q in (0, 1):
+                got = await d.pull("T", q, 398, 10)
+                want = await brokers[lead].pull("T", q, 398, 10)
+                assert [m.body for m in got.messages] == [m.body for m in want.messages] and len(got.messages) == 3
         finally:
             await stop_all(brokers)
 

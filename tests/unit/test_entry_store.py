@@ -18,6 +18,7 @@ from dledger.messages import Entry, EntryType, HardState
 from dledger.raft_storage import Compacted
 from node.store import cold_reads
 from node.store import layout as L
+from node.store.crc import crc32
 from node.store.errors import StoreFatal
 from node.store.fileio import FaultyFileSystem
 from node.store.reserve import DiskReserve
@@ -283,7 +284,7 @@ def test_scan_spans_from_the_cache_equal_the_spans_read_from_the_files(tmp_path)
     fs = FaultyFileSystem()
     s = open_store(fs, str(tmp_path))
     rng = random.Random(9)
-    tail, index = 0, 0
+    index = 0
     for _ in range(60):
         index += 1
         if index % 11 == 0:
@@ -592,6 +593,42 @@ def test_a_disk_full_to_the_last_block_gives_up_the_reserve_for_a_cut_which_then
     assert os.path.getsize(s.reserve.path) == RESERVE, "put back from the room the cut made"
     s, rep = reopen(s, fs, tmp_path)
     assert (rep.first_index, rep.last_index, s.base_app_state) == (31, 60, b"state")
+    s.close()
+
+
+def test_a_reset_on_a_disk_full_to_the_last_block_gives_up_the_reserve_and_a_state_larger_than_it_changes_nothing(
+        tmp_path, caplog):
+    """Regression: a follower's reset to the leader's base (InstallBase) on a full disk stopped
+    the node (StoreFatal) though the reset frees every old file. Its base state file and meta
+    now take the reserve, as a cut's do; a state larger than the reserve raises DiskFull (the
+    node holds the reset and tries again) and leaves meta and the log as they were."""
+    from node.store.errors import DiskFull
+    fs = FaultyFileSystem(27)
+    s = _with_reserve(fs, tmp_path / "a")
+    s.append(mk(1, 60))
+    s.flush()
+    s.checkpoint(60)
+    fs.write_budget_bytes = 0                      # not one block left
+    s.commit_reset(s.prepare_reset(200, 3, b""))
+    assert "the 8192-byte reserve" in caplog.text and s.reserve.given_up == 1
+    assert (s.first_index(), s.last_index()) == (201, 200)
+    s, rep = reopen(s, fs, tmp_path / "a")
+    assert (rep.first_index, rep.last_index) == (201, 200)
+    s.close()
+
+    fs = FaultyFileSystem(28)
+    s = _with_reserve(fs, tmp_path / "b")
+    s.append(mk(1, 60))
+    s.flush()
+    s.checkpoint(60)
+    fs.write_budget_bytes = 0
+    big = L.ENTRY_BASE_STATE.pack(0, 0, crc32(b"x" * 3 * RESERVE)) + b"x" * 3 * RESERVE
+    with pytest.raises(DiskFull, match="base 200"):
+        s.prepare_reset(200, 3, big)
+    assert (s.first_index(), s.last_index()) == (1, 60)
+    fs.write_budget_bytes = None
+    s, rep = reopen(s, fs, tmp_path / "b")
+    assert (rep.first_index, rep.last_index) == (1, 60), "meta names the old base still"
     s.close()
 
 
