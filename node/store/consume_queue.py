@@ -26,6 +26,7 @@ from typing import Callable, Iterator
 
 from node.store import layout as L
 from node.store.fileio import FileSystem, ShortWrite
+from node.store.reaper import run_or_hand_over
 from node.store.segment import SegmentedFile, TailCut
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ UNIT_SIZE = L.CQ_UNIT.size
 BLANK_SIZE = 0x7FFFFFFF
 BLANK_UNIT = UNIT.pack(0, BLANK_SIZE, 0)
 RECOVER_LAST_FILES = 3          # like RocketMQ: earlier files are full and trusted
+DELETED_PREFIX = ".deleted-"    # a deleted topic's queue set aside until removed (no topic name has a dot)
 _INTS_PER_UNIT = UNIT_SIZE // 4
 assert UNIT_SIZE % 4 == 0
 assert array("i").itemsize == 4
@@ -325,6 +327,7 @@ class ConsumeQueueStore:
         self.units_per_file = units_per_file
         self.directory = os.path.join(store_root, "consumequeue")
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._aside_count = 0       # deleted topics' queues set aside this run (remove_topic)
 
     def find_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
         key = (topic, queue_id)
@@ -344,8 +347,13 @@ class ConsumeQueueStore:
         return iter(list(self._queues.values()))
 
     def load_all(self) -> int:
-        """Open every `consumequeue/<topic>/<queueId>/` on disk; return how many."""
+        """Open every `consumequeue/<topic>/<queueId>/` on disk; return how many. A deleted
+        topic's queue a crash left set aside (`.deleted-*`, remove_topic) is removed."""
         for topic in self.fs.listdir(self.directory):
+            if topic.startswith(DELETED_PREFIX):
+                log.warning("removing %s: a deleted topic's consume queue", os.path.join(self.directory, topic))
+                self.fs.rmtree(os.path.join(self.directory, topic))
+                continue
             for qdir in self.fs.listdir(os.path.join(self.directory, topic)):
                 if not qdir.isdigit():
                     log.warning("ignoring %s: not a queue id", os.path.join(self.directory, topic, qdir))
@@ -383,27 +391,49 @@ class ConsumeQueueStore:
         the commitlog position of the deletion. A queue whose units all lie below it is closed
         and its directory removed; one that also holds later units (the topic was created again
         and written before this ran, e.g. in one re-dispatched batch) keeps those and has its
-        head raised past the old ones. Returns the ids of the queues removed whole."""
+        head raised past the old ones. Returns the ids of the queues removed whole.
+
+        On the loop a removed queue leaves the set and its directory is renamed aside (one
+        rename, no fsync), so the name is free for the topic at once; the reaper's thread
+        closes its files (after a flush in progress) and removes them, and the next start
+        removes what a crash left aside (load_all)."""
         removed: list[int] = []
+        aside: list[tuple[ConsumeQueue, str]] = []
         for (t, qid), cq in sorted(self._queues.items()):
             if t != topic:
                 continue
             last = cq.get(cq.max_offset - 1) if not cq.is_empty else None
             if last is None or last[0] < below_phys:
-                cq.close()
                 del self._queues[(t, qid)]
-                self.fs.rmtree(cq.directory)
+                cq.file.doom()
+                if self.fs.exists(cq.directory):
+                    self._aside_count += 1
+                    dest = os.path.join(self.directory, f"{DELETED_PREFIX}{topic}-{qid}-{self._aside_count}")
+                    self.fs.rename(cq.directory, dest)
+                    aside.append((cq, dest))
+                else:
+                    aside.append((cq, ""))
                 removed.append(qid)
             else:
                 cq.delete_expired(below_phys)
         topic_dir = os.path.join(self.directory, topic)
         if self.fs.exists(topic_dir) and not self.fs.listdir(topic_dir):
-            self.fs.rmtree(topic_dir)
-        if removed and self.fs.exists(self.directory):
-            self.fs.fsync_dir(self.directory)
+            self.fs.rmtree(topic_dir)      # empty: one rmdir
+        if aside:
+            run_or_hand_over(self.fs.reaper, lambda: self._destroy(aside))
         if removed:
             log.info("consume queues of deleted topic %s removed: queues %s", topic, removed)
         return removed
+
+    def _destroy(self, aside: list[tuple["ConsumeQueue", str]]) -> None:
+        """remove_topic's file work, on the reaper's thread (or here without one)."""
+        on_reaper = self.fs.reaper is not None
+        for cq, path in aside:
+            cq.file.close(drain=not on_reaper)
+            if path:
+                self.fs.rmtree(path)
+        if self.fs.exists(self.directory):
+            self.fs.fsync_dir(self.directory)
 
     def flush_all(self) -> None:
         """fsync every queue. May run on a worker thread while the loop adds queues, appends

@@ -122,6 +122,7 @@ class SegmentedFile:
         # delete_head, reset_to, close) takes it, so no fsync meets a closed descriptor.
         self._io = threading.Lock()
         self._closed = False
+        self._doomed = False              # its directory is being removed (doom): a failed flush is no fault
         self._reaped = False              # delete_head gave files to the reaper (close waits for it)
         self._removal_error: OSError | None = None
         self._names = DeferredDirSync(fs, directory)    # an append's new segment: named durable by flush()
@@ -332,6 +333,8 @@ class SegmentedFile:
                 for seg in self.segments[i:]:
                     seg.handle.fsync()
             except OSError as e:
+                if self._doomed:
+                    return self.flushed
                 raise StoreFatal(f"fsync failed in {self.directory}: {e}; stopping (no retry after a failed fsync)") \
                     from e
             self.flushed = end
@@ -362,6 +365,11 @@ class SegmentedFile:
                 log.warning("%s: cannot drop flushed pages from the page cache (%r); keeping them", self.directory, e)
                 return
         self._uncached = upto
+
+    def doom(self) -> None:
+        """Its directory is about to be renamed aside and removed (a deleted topic's queue): a
+        flush in progress or to come, which may find the directory gone, fails quietly."""
+        self._doomed = True
 
     def mark_unflushed(self, offset: int) -> None:
         """Bytes at `offset` were rewritten in place: the next flush fsyncs from there (and
@@ -511,9 +519,11 @@ class SegmentedFile:
             self._bases[:] = [seg.base]
             self.flushed = self._uncached = offset
 
-    def close(self) -> None:
+    def close(self, drain: bool = True) -> None:
+        """Close every segment (after a flush in progress). `drain=False` on the reaper's own
+        thread: the removals this file handed it ran before (it runs its jobs in order)."""
         self.forget_fetched()
-        if self._reaped and self.fs.reaper is not None and not self.fs.reaper.drain(CLOSE_DRAIN_S):
+        if drain and self._reaped and self.fs.reaper is not None and not self.fs.reaper.drain(CLOSE_DRAIN_S):
             log.warning("%s: old files still being removed at close; they stay until the next start",
                         self.directory)
         with self._io:

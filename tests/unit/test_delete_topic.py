@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 
 import pytest
 
@@ -21,6 +22,8 @@ from node.config import BrokerConfig
 from node.server import build_broker
 from node.store.checkpoint import FILE_NAME as CHECKPOINT_FILE
 from node.store.errors import TopicNotExist
+from node.store.reaper import FileReaper
+from tests.unit.fsync_hooks import FsyncHooked
 
 TOPIC = "Gone"
 KEEP = "Kept"
@@ -189,6 +192,74 @@ def test_redispatch_does_not_write_old_records_into_a_recreated_queue(tmp_path):
             assert [q["min_offset"] for q in b.topic_status(TOPIC)] == first
             assert await bodies(b, TOPIC, 0) == ["new-0"] and await bodies(b, TOPIC, 1) == ["new-1"]
             assert [b.cq_store.get(TOPIC, q).repaired_units for q in (0, 1)] == [0, 0]
+        finally:
+            await b.stop()
+
+    asyncio.run(main())
+
+
+def test_regression_deleting_a_topic_never_waits_on_the_event_loop_for_its_files(tmp_path):
+    """The deletion's dispatch closed each of the topic's queues, removed their directories and
+    fsynced the parent on the event loop; closing a queue waits for a flush of it in progress
+    (an fsync on a worker thread), so the loop waited for that fsync. Now the queues' directories
+    are renamed aside on the loop and the reaper's thread closes and removes them; a directory
+    a crash left aside is removed at the next start."""
+    root = str(tmp_path)
+
+    class Gated(FsyncHooked):
+        def __init__(self):
+            self.gate, self.entered = threading.Event(), threading.Event()
+            self.gate.set()
+            self.reaper = FileReaper()
+
+        def before_fsync_of(self, path):
+            if os.path.join("consumequeue", TOPIC) in path and not self.gate.is_set():
+                self.entered.set()
+                assert self.gate.wait(10)
+
+    def aside() -> list[str]:
+        return [n for n in os.listdir(os.path.join(root, "consumequeue")) if n.startswith(".")]
+
+    async def main():
+        fs = Gated()
+        b = build_broker(new_broker(root).config, fs=fs)
+        await b.start()
+        try:
+            await b.create_topic(TOPIC, 2)
+            await b.create_topic(KEEP, 2)
+            await write(b, TOPIC, 6, "old")
+            await write(b, KEEP, 2, "keep")
+            await wait_dispatched(b)
+            fs.gate.clear()
+            threading.Timer(3.0, fs.gate.set).start()    # were the loop to wait, only this frees it
+            flushing = asyncio.ensure_future(b.dispatcher.flush_in_background())
+            for _ in range(500):
+                if fs.entered.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert fs.entered.is_set(), "a flush of the topic's queues is under way"
+            await b.delete_topic(TOPIC)
+            await wait_dispatched(b)
+            assert not fs.gate.is_set(), "deleting the topic waited on the loop for a flush's fsync"
+            assert not os.path.exists(cq_dir(root, TOPIC)) and b.cq_store.get(TOPIC, 0) is None
+            fs.gate.set()
+            await flushing
+            assert await asyncio.to_thread(fs.reaper.drain, 10)
+            assert aside() == []
+            await b.create_topic(TOPIC, 2)                 # the name is free at once
+            await write(b, TOPIC, 2, "new")
+            await wait_dispatched(b)
+            assert await bodies(b, TOPIC, 0) == ["new-0"]
+        finally:
+            fs.gate.set()
+            await b.stop()
+        left = os.path.join(root, "consumequeue", ".deleted-Gone-0-1")   # as a crash would leave it
+        os.makedirs(left)
+        open(os.path.join(left, "00000000000000000000"), "wb").write(b"\0" * 20)
+        b = await started(root)
+        try:
+            assert aside() == []
+            assert await bodies(b, TOPIC, 0) == ["new-0"] and await bodies(b, KEEP, 1) == ["keep-1"]
         finally:
             await b.stop()
 
