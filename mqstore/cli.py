@@ -253,6 +253,50 @@ def cluster_list_table(doc: dict, now: int | None = None) -> str:
     return "\n".join(out) + "\n"
 
 
+STATS_HEAD = "%-64s  %-64s %12s %11s %11s %14s %14s"
+STATS_ROW = "%-64s  %-64s %12d %11.2f %11.2f %14d %14d"
+STATS_NO_CONSUMER = "%-64s  %-64s %12d %11.2f %11s %14d %14s"
+
+
+def stats_all_table(doc: dict, active_only: bool = False) -> str:
+    """mqadmin statsAll: a row per topic and consumer group (NO_CONSUMER when it has none);
+    `active_only` (-a): rows with messages in or out over the last day."""
+    out = [STATS_HEAD % ("#Topic", "#Consumer Group", "#Accumulation", "#InTPS", "#OutTPS", "#InMsg24Hour",
+                         "#OutMsg24Hour")]
+    for t in doc["topics"]:
+        topic = t["topic"][:64]
+        for g in t["groups"]:
+            if not active_only or t["in_msg_24h"] > 0 or g["out_msg_24h"] > 0:
+                out.append(STATS_ROW % (topic, g["group"][:64], g["accumulation"], t["in_tps"], g["out_tps"],
+                                        t["in_msg_24h"], g["out_msg_24h"]))
+        if not t["groups"] and (not active_only or t["in_msg_24h"] > 0):
+            out.append(STATS_NO_CONSUMER % (topic, "", 0, t["in_tps"], "", t["in_msg_24h"], "NO_CONSUMER"))
+    return "\n".join(out) + "\n"
+
+
+def merge_stats(docs: list[dict], accumulation_from: dict) -> dict:
+    """The group's statsAll from its members' /stats: each counts what was sent to it and
+    pulled from it, so rates and counts add up; a group's accumulation is one view of the
+    replicated offsets and queues (`accumulation_from`: the leader's or master's when reached)."""
+    acc = {(t["topic"], g["group"]): g["accumulation"] for t in accumulation_from["topics"] for g in t["groups"]}
+    topics: dict[str, dict] = {}
+    for doc in docs:
+        for t in doc["topics"]:
+            m = topics.setdefault(t["topic"], {"topic": t["topic"], "in_tps": 0.0, "in_msg_24h": 0, "groups": {}})
+            m["in_tps"] += t["in_tps"]
+            m["in_msg_24h"] += t["in_msg_24h"]
+            for g in t["groups"]:
+                mg = m["groups"].setdefault(g["group"], {"group": g["group"], "out_tps": 0.0, "out_msg_24h": 0,
+                                                         "accumulation": acc.get((t["topic"], g["group"]),
+                                                                                 g["accumulation"])})
+                mg["out_tps"] += g["out_tps"]
+                mg["out_msg_24h"] += g["out_msg_24h"]
+    return {"broker_name": accumulation_from.get("broker_name", ""),
+            "topics": [{**m, "in_tps": round(m["in_tps"], 2),
+                        "groups": [{**g, "out_tps": round(g["out_tps"], 2)} for _, g in sorted(m["groups"].items())]}
+                       for _, m in sorted(topics.items())]}
+
+
 def _is_writer(n: dict) -> bool:
     return bool(n.get("reachable")) and (n.get("cluster") or {}).get("role") in ("LEADER", "MASTER", "STANDALONE")
 
@@ -510,6 +554,27 @@ def cmd_consumer_progress(a) -> tuple[Any, str]:
     return {"groups": progress}, consumer_groups_table(progress)
 
 
+def cmd_stats_all(a) -> tuple[Any, str]:
+    path = "/stats" + (f"?topic={q(a.topic)}" if a.topic else "")
+    nodes = call(a.endpoint, "GET", "/cluster/nodes")["nodes"]
+    docs, first = [], None
+    for n in sorted(nodes, key=lambda n: not _is_writer(n)):
+        if not n.get("reachable"):
+            print(f"WARN: {n['api']} unreachable: its counts are left out", file=sys.stderr)
+            continue
+        try:
+            doc = call(n["api"], "GET", path)
+        except CliError as e:
+            print(f"WARN: {n['api']}: {e}: its counts are left out", file=sys.stderr)
+            continue
+        docs.append(doc)
+        first = first or doc
+    if first is None:
+        raise CliError(f"no member of the group of {a.endpoint} answered")
+    doc = merge_stats(docs, first)
+    return doc, stats_all_table(doc, a.active_topic)
+
+
 def cmd_reset_offset_by_time(a) -> tuple[Any, str]:
     ts = parse_timestamp(a.timestamp)
     doc = call(a.endpoint, "POST", f"/groups/{q(a.group)}/offsets/reset?topic={q(a.topic)}&timestamp={ts}", {})
@@ -661,6 +726,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group", required=True)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-s", "--timestamp", required=True, help="now, ms, or yyyy-MM-dd#HH:mm:ss:SSS")
+    p = _admin(sub, "statsAll", cmd_stats_all, "per topic and consumer group: accumulation, TPS in and out, "
+                                                "messages in and out over the last day (every member of the group)")
+    p.add_argument("-a", "--active-topic", action="store_true", help="only topics with messages in the last day")
+    p.add_argument("-t", "--topic", help="only this topic")
     _admin(sub, "getBrokerConfig", cmd_get_broker_config, "the node's broker.conf values")
     p = _admin(sub, "deleteExpiredCommitLog", cmd_delete_expired_commitlog,
                "delete commitlog files older than fileReservedTime now, not at deleteWhen's hour")

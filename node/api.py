@@ -295,7 +295,7 @@ async def pull(request: web.Request) -> web.Response:
         raise BadRequest("query parameter offset is required")
     r = await broker_of(request).pull(request.match_info["topic"], path_int(request, "queue_id"), offset,
                                       query_int(request, "max"), request.query.get("tags"),
-                                      query_int(request, "wait_ms", 0))
+                                      query_int(request, "wait_ms", 0), request.query.get("group"))
     return reply(request, render_pull(r, wants_msgpack(request)))
 
 
@@ -347,8 +347,13 @@ async def group_progress(request: web.Request) -> web.Response:
     b = broker_of(request)
     group = request.match_info["group"]
     rows = await read_without_stalling(b.group_progress, group, request.query.get("topic"))
-    return reply(request, {"group": group, "broker_name": b.config.group, "consume_tps": b.traffic.tps()[1],
+    return reply(request, {"group": group, "broker_name": b.config.group, "consume_tps": round(b.traffic.group_tps(group), 2),
                            "diff_total": sum(int(r["diff"]) for r in rows), "queues": rows})
+
+
+async def stats_all(request: web.Request) -> web.Response:
+    b = broker_of(request)
+    return reply(request, {"broker_name": b.config.group, "topics": b.stats_all(request.query.get("topic"))})
 
 
 async def reset_offsets(request: web.Request) -> web.Response:
@@ -425,6 +430,7 @@ ROUTES: list[tuple[str, str, Callable]] = [
     ("GET", "/groups", list_groups),
     ("GET", "/groups/{group}/progress", group_progress),
     ("POST", "/groups/{group}/offsets/reset", reset_offsets),
+    ("GET", "/stats", stats_all),
     ("GET", "/config", get_config),
     ("POST", "/commitlog/delete-expired", delete_expired_commitlog),
     ("GET", "/openapi.json", openapi),

@@ -69,7 +69,7 @@ RULES: dict[tuple[str, str], tuple[str, str, Perm]] = {
     ("POST", "/transactions/end"): ("txn", "producer_group", Perm.PUB),
     ("GET", "/transactions/pending"): ("txn", "producer_group", Perm.PUB),
     # Admin: POST /topics, DELETE /topics/{topic}, POST /groups/{group}/offsets/reset,
-    # GET /config, POST /commitlog/delete-expired, GET /messages/{offset_msg_id} (its topic is
+    # GET /config, GET /stats, POST /commitlog/delete-expired, GET /messages/{offset_msg_id} (its topic is
     # unknown until read), and every route not listed here.
 }
 

@@ -28,6 +28,7 @@ import msgpack
 
 from node import limits
 from node.config import BrokerConfig
+from node.consumer_groups import DLQ_PREFIX, RETRY_PREFIX
 from node.fence import WRITABLE_ROLES
 from node.log_throttle import LogThrottle
 from node.metrics import TrafficStats
@@ -951,8 +952,10 @@ class Broker:
 
     # --- pull ------------------------------------------------------------------------------------
     async def pull(self, topic: Any, queue_id: Any, offset: Any, max_msgs: Any = None,
-                   tags: str | None = None, wait_ms: Any = 0) -> PullResult:
+                   tags: str | None = None, wait_ms: Any = 0, group: Any = None) -> PullResult:
         """DefaultMessageStore.getMessage, plus long polling when the queue has nothing new.
+        `group`, the consumer group pulling (PullMessageRequestHeader's consumerGroup), is
+        optional: it counts what the group got for statsAll (`stats_all`).
 
         A slave (classic) or follower (DLedger) serves pulls only with slaveReadEnable=true, as
         RocketMQ's PullMessageProcessor rejects them otherwise; here the refusal is NOT_LEADER
@@ -973,6 +976,7 @@ class Broker:
         n = check_int("max", cap if max_msgs is None else max_msgs, 1, 1 << 30)
         wait = check_int("wait_ms", wait_ms, 0, 1 << 30)
         sub = Subscription.parse(tags)
+        group = check_group(group) if group is not None else None
         n = min(n, cap)
         wait = min(wait, self.config.long_polling_max_wait_ms) if self.config.long_polling_enable else 0
         deadline = time.monotonic() + wait / 1000.0
@@ -980,7 +984,8 @@ class Broker:
             # Reads of old bytes (a consumer far behind) are made by a worker (node/store/cold_reads.py).
             result = await read_without_stalling(self._pull_once, cfg.topic, qid, offset, n, sub)
             if result.messages:
-                self.traffic.pulled(cfg.topic, len(result.messages), sum(len(m.body) for m in result.messages))
+                self.traffic.pulled(cfg.topic, len(result.messages), sum(len(m.body) for m in result.messages),
+                                    group)
             remaining = deadline - time.monotonic()
             if result.status != PULL_NO_NEW_MSG or remaining <= 0 or self._waiters.full() or not self.ready:
                 return result
@@ -1096,6 +1101,39 @@ class Broker:
                 last = self._message_at(t, qid, off - 1) if off > lo else None
                 rows.append({"topic": t, "queue_id": qid, "broker_offset": hi, "consumer_offset": off,
                              "diff": max(0, hi - off), "last_timestamp": last.store_timestamp if last else 0})
+        return rows
+
+    def stats_all(self, topic: Any = None) -> list[dict[str, Any]]:
+        """mqadmin statsAll's figures as this node has them: per topic (not %RETRY% or %DLQ%,
+        nor system topics) the messages sent here, the last minute's TPS and the last day's
+        count; per consumer group of it (offsets committed, or pulls that named the group) what
+        it pulled here, the same two, and its accumulation (messages past its offsets)."""
+        names = [check_user_topic(topic)] if topic is not None else sorted(self.topics)
+        by_topic: dict[str, dict[str, dict[int, int]]] = {}
+        for key, table in self.offsets.items():
+            t, _, g = key.rpartition("@")
+            by_topic.setdefault(t, {})[g] = table
+        rows = []
+        for t in names:
+            cfg = self.topics.get(t)
+            if cfg is None:
+                if topic is not None:
+                    raise TopicNotExist(f"topic {t!r} does not exist")
+                continue
+            if t.startswith((RETRY_PREFIX, DLQ_PREFIX, SYSTEM_PREFIX)):
+                continue
+            in_tps, in_day = self.traffic.put_stats(t)
+            committed = by_topic.get(t, {})
+            groups = []
+            for g in sorted(set(committed) | self.traffic.groups_pulling(t)):
+                out_tps, out_day = self.traffic.get_stats(t, g)
+                accumulation = 0
+                for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
+                    lo, hi = self._queue_bounds(t, qid)
+                    accumulation += max(0, hi - committed.get(g, {}).get(qid, lo))
+                groups.append({"group": g, "accumulation": accumulation, "out_tps": round(out_tps, 2),
+                               "out_msg_24h": out_day})
+            rows.append({"topic": t, "in_tps": round(in_tps, 2), "in_msg_24h": in_day, "groups": groups})
         return rows
 
     def offset_by_time(self, topic: str, qid: int, timestamp_ms: int) -> int:

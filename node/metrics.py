@@ -55,10 +55,54 @@ class _Rate:
         return total / window_s
 
 
-class TrafficStats:
-    """Messages and bytes in (acked sends) and out (pulled) per topic; TPS over a window."""
+class Window:
+    """Messages counted over the last minute (six 10-second slots) and the last day (24 hourly
+    slots), in fixed memory: RocketMQ's statsMinute TPS and statsDay sum of one stats key
+    (BrokerStatsManager's TOPIC_PUT_NUMS, GROUP_GET_NUMS). An add within the 10-second period
+    of the last one is two increments (it is on the send path)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, max_topics: int = MAX_TOPIC_SERIES):
+    __slots__ = ("secs", "sec_periods", "hours", "hour_periods", "period", "i_sec", "i_hour")
+
+    def __init__(self) -> None:
+        self.secs, self.sec_periods = [0] * 6, [-1] * 6          # 10-second periods
+        self.hours, self.hour_periods = [0] * 24, [-1] * 24      # hours
+        self.period, self.i_sec, self.i_hour = -1, 0, 0
+
+    def add(self, n: int, now: float) -> None:
+        period = int(now // 10)
+        if period != self.period:
+            self._turn(period)
+        self.secs[self.i_sec] += n
+        self.hours[self.i_hour] += n
+
+    def _turn(self, period: int) -> None:
+        self.period = period
+        i, hour = period % 6, period // 360
+        j = hour % 24
+        if self.sec_periods[i] != period:
+            self.sec_periods[i], self.secs[i] = period, 0
+        if self.hour_periods[j] != hour:
+            self.hour_periods[j], self.hours[j] = hour, 0
+        self.i_sec, self.i_hour = i, j
+
+    def tps(self, now: float) -> float:
+        """Mean per second over the last six whole 10-second periods (the current one excluded)."""
+        period = int(now // 10)
+        return sum(c for c, p in zip(self.secs, self.sec_periods) if period - 6 <= p < period) / 60.0
+
+    def day_sum(self, now: float) -> int:
+        """The current hour's count and the 23 hours' before it."""
+        hour = int(now // 3600)
+        return sum(c for c, p in zip(self.hours, self.hour_periods) if hour - 23 <= p <= hour)
+
+
+class TrafficStats:
+    """Messages and bytes in (acked sends) and out (pulled) per topic; TPS over a window; and
+    for statsAll, per topic (in) and per topic and consumer group (out, the pulls that named
+    their group) the last minute's TPS and the last day's count (`Window`)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, max_topics: int = MAX_TOPIC_SERIES,
+                 wall_clock: Callable[[], float] = time.time):
         self.max_topics = max_topics
         self.in_messages: dict[str, int] = {}
         self.in_bytes: dict[str, int] = {}
@@ -66,8 +110,11 @@ class TrafficStats:
         self.out_bytes: dict[str, int] = {}
         self.in_rate = _Rate(clock)
         self.out_rate = _Rate(clock)
+        self.wall_clock = wall_clock      # hours of the day's slots are wall-clock hours
+        self.topic_put: dict[str, Window] = {}
+        self.group_get: dict[tuple[str, str], Window] = {}
 
-    def _key(self, table: dict[str, int], topic: str) -> str:
+    def _key(self, table: dict, topic: Any) -> Any:
         return topic if topic in table or len(table) < self.max_topics else OTHER_TOPIC
 
     def sent(self, topic: str, messages: int, body_bytes: int) -> None:
@@ -75,17 +122,50 @@ class TrafficStats:
         self.in_messages[k] = self.in_messages.get(k, 0) + messages
         self.in_bytes[k] = self.in_bytes.get(k, 0) + body_bytes
         self.in_rate.add(messages)
+        w = self.topic_put.get(k)
+        if w is None:
+            w = self.topic_put[k] = Window()
+        w.add(messages, self.wall_clock())
 
-    def pulled(self, topic: str, messages: int, body_bytes: int) -> None:
+    def pulled(self, topic: str, messages: int, body_bytes: int, group: str | None = None) -> None:
         if not messages:
             return
         k = self._key(self.out_messages, topic)
         self.out_messages[k] = self.out_messages.get(k, 0) + messages
         self.out_bytes[k] = self.out_bytes.get(k, 0) + body_bytes
         self.out_rate.add(messages)
+        if group is not None:
+            key = self._key(self.group_get, (topic, group))
+            self._window(self.group_get, (OTHER_TOPIC, OTHER_TOPIC) if key == OTHER_TOPIC else key).add(
+                messages, self.wall_clock())
+
+    @staticmethod
+    def _window(table: dict, key: Any) -> Window:
+        w = table.get(key)
+        if w is None:
+            w = table[key] = Window()
+        return w
 
     def tps(self, window_s: int = 10) -> tuple[float, float]:
         return self.in_rate.per_second(window_s), self.out_rate.per_second(window_s)
+
+    def put_stats(self, topic: str) -> tuple[float, int]:
+        """(TPS over the last minute, messages in the last day) sent to `topic` here."""
+        w, now = self.topic_put.get(topic), self.wall_clock()
+        return (w.tps(now), w.day_sum(now)) if w is not None else (0.0, 0)
+
+    def get_stats(self, topic: str, group: str) -> tuple[float, int]:
+        """(TPS over the last minute, messages in the last day) `group` pulled from `topic` here."""
+        w, now = self.group_get.get((topic, group)), self.wall_clock()
+        return (w.tps(now), w.day_sum(now)) if w is not None else (0.0, 0)
+
+    def groups_pulling(self, topic: str) -> set[str]:
+        return {g for t, g in self.group_get if t == topic}
+
+    def group_tps(self, group: str) -> float:
+        """The last minute's TPS of `group`'s pulls, every topic's (consumerProgress's Consume TPS)."""
+        now = self.wall_clock()
+        return sum(w.tps(now) for (_, g), w in self.group_get.items() if g == group)
 
 
 # --- fsync latency ----------------------------------------------------------------------------------

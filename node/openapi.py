@@ -80,6 +80,18 @@ def _paths() -> dict[str, Any]:
             "parameters": [GROUP, _param("topic", "query", "string", "topic", True),
                            _param("timestamp", "query", "integer", "ms; first message stored at or after it", True)],
             "responses": {"200": _ok({"type": "object"}), **_errors(400, 404, 421, 503)}}},
+        "/stats": {"get": {
+            "summary": "statsAll: per topic the messages sent to this node (TPS over the last minute, count over "
+                       "the last day); per consumer group of it what it pulled here (the same) and its accumulation",
+            "parameters": [_param("topic", "query", "string", "only this topic")],
+            "responses": {"200": _ok({"type": "object", "properties": {
+                "broker_name": {"type": "string"},
+                "topics": {"type": "array", "items": {"type": "object", "properties": {
+                    "topic": {"type": "string"}, "in_tps": {"type": "number"}, "in_msg_24h": {"type": "integer"},
+                    "groups": {"type": "array", "items": {"type": "object", "properties": {
+                        "group": {"type": "string"}, "accumulation": {"type": "integer"},
+                        "out_tps": {"type": "number"}, "out_msg_24h": {"type": "integer"}}}}}}}}}),
+                **_errors(400, 404)}}},
         "/config": {"get": {"summary": "getBrokerConfig: the node's broker.conf keys and values",
                             "responses": {"200": _ok({"type": "object"})}}},
         "/commitlog/delete-expired": {"post": {
@@ -106,7 +118,8 @@ def _paths() -> dict[str, Any]:
             "parameters": [TOPIC, QUEUE, _param("offset", "query", "integer", "queue offset to read from", True),
                            _param("max", "query", "integer", "most messages (capped by the broker, 32)"),
                            _param("tags", "query", "string", "`*` or `TagA || TagB`"),
-                           _param("wait_ms", "query", "integer", "long-poll time when nothing is new")],
+                           _param("wait_ms", "query", "integer", "long-poll time when nothing is new"),
+                           _param("group", "query", "string", "the consumer group pulling (counted for statsAll)")],
             "responses": {"200": _ok(_ref("PullResult")), **_errors(400, 403, 404)}}},
         "/topics/{topic}/queues/{queue_id}/messages/{queue_offset}": {"get": {
             "summary": "Query one message by queue offset",

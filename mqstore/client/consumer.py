@@ -85,6 +85,8 @@ def default_client_id(instance_name: str = "DEFAULT") -> str:
 
 
 class _Client:
+    group: str | None = None      # a consumer's group, named on each pull (the broker's statsAll counts it)
+
     def __init__(self, brokers: Any, controller: Any, request_timeout_s: float):
         self.transport = Transport(request_timeout_s)
         self.routes = RouteTable(self.transport, brokers=brokers, controller=controller)
@@ -114,7 +116,7 @@ class _Client:
         g = self.routes.group(mq.broker_name)
         doc = await self.transport.call(g, "GET", f"/topics/{mq.topic}/queues/{mq.queue_id}/messages",
                                         params={"offset": offset, "max": max_nums, "tags": expression,
-                                                "wait_ms": wait_ms},
+                                                "wait_ms": wait_ms, **({"group": self.group} if self.group else {})},
                                         timeout_s=self.transport.request_timeout_s + wait_ms / 1000.0)
         return PullResult(PullStatus(doc["status"]), int(doc["next_offset"]), int(doc["min_offset"]),
                           int(doc["max_offset"]), [MessageExt.from_wire(m, mq.broker_name) for m in doc["messages"]])

@@ -102,6 +102,25 @@ def test_consumer_progress_names_the_live_members_and_their_queues(node):
     assert [r["client_id"] for r in prog["queues"]] == ["10.0.0.2@b", "10.0.0.2@b"]
 
 
+def test_stats_all_counts_what_was_sent_and_what_a_group_pulled(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Counted", "queues": 2})[0] == 200
+    assert http(p, "POST", "/topics/Counted/messages", {"messages": [{"body": f"c{i}", "queue_id": 0}
+                                                                     for i in range(6)]})[0] == 200
+    wait_dispatched(p, "Counted", 0, 6)
+    status, got = http(p, "GET", "/topics/Counted/queues/0/messages?offset=0&max=4&group=Readers")
+    assert status == 200 and len(got["messages"]) == 4
+    assert http(p, "POST", "/groups/Readers/offsets", {"topic": "Counted", "queue_id": 0, "offset": 4})[0] == 200
+    doc = run(p, "statsAll", "-t", "Counted")
+    assert doc["topics"] == [{"topic": "Counted", "in_tps": doc["topics"][0]["in_tps"], "in_msg_24h": 6, "groups": [
+        {"group": "Readers", "accumulation": 2, "out_tps": doc["topics"][0]["groups"][0]["out_tps"],
+         "out_msg_24h": 4}]}]
+    out = io.StringIO()
+    assert cli.main(["statsAll", "-n", f"127.0.0.1:{p}", "-a"], out=out) == 0
+    row = [line.split() for line in out.getvalue().splitlines() if line.startswith("Counted")]
+    assert row and row[0][:3] == ["Counted", "Readers", "2"] and row[0][-2:] == ["6", "4"]
+
+
 def test_delete_expired_commitlog_cuts_a_standalone_log_outside_the_delete_hour(tmp_path):
     """deleteWhen is twelve hours off and the disk nearly empty: only the admin's request cuts."""
     port = free_port()

@@ -200,3 +200,40 @@ def test_allocate_queues_follows_the_clients_averagely_rule():
     assert [owners[("T", i)] for i in range(5)] == ["10.0.0.1@a"] * 3 + ["10.0.0.2@b"] * 2
     assert owners[("Gone", 3)] == "10.0.0.2@b"    # topic unknown to the node: the queues the offsets name
     assert cli.client_ip("10.0.0.1@a") == "10.0.0.1" and cli.client_ip("no-at-sign") == "no-at-sign"
+
+
+STATS_LEADER = {"broker_name": "broker-a", "topics": [
+    {"topic": "Orders", "in_tps": 0.0, "in_msg_24h": 0, "groups": []},
+    {"topic": "TopicTest", "in_tps": 1200.5, "in_msg_24h": 90000, "groups": [
+        {"group": "please_rename_unique_group_name", "accumulation": 27, "out_tps": 1100.25, "out_msg_24h": 80000},
+        {"group": "idle_group", "accumulation": 130, "out_tps": 0.0, "out_msg_24h": 0}]}]}
+STATS_FOLLOWER = {"broker_name": "broker-a", "topics": [
+    {"topic": "Orders", "in_tps": 0.0, "in_msg_24h": 0, "groups": []},
+    {"topic": "TopicTest", "in_tps": 0.0, "in_msg_24h": 0, "groups": [
+        {"group": "please_rename_unique_group_name", "accumulation": 25, "out_tps": 12.5, "out_msg_24h": 700},
+        {"group": "idle_group", "accumulation": 130, "out_tps": 0.0, "out_msg_24h": 0}]}]}
+
+
+@pytest.mark.parametrize("case,extra", [("statsAll", []), ("statsAll_active", ["-a"])])
+def test_stats_all_adds_up_every_reachable_member_and_takes_the_leaders_accumulation(case, extra, canned, tmp_path,
+                                                                                     monkeypatch, capsys):
+    answers = {"127.0.0.1:20911": STATS_FOLLOWER, "127.0.0.1:20921": STATS_LEADER}
+    asked = []
+
+    def fake_call(endpoint, method, path, doc=None):
+        asked.append(endpoint)
+        if (method, path) == ("GET", "/cluster/nodes"):
+            return json.loads(json.dumps(NODES))
+        assert (method, path) == ("GET", "/stats"), path
+        return json.loads(json.dumps(answers[endpoint]))
+
+    monkeypatch.setattr(cli, "call", fake_call)
+    text = run(["statsAll", *extra], tmp_path)
+    assert asked == [EP, "127.0.0.1:20921", EP], "the leader first; the unreachable member is not asked"
+    assert "127.0.0.1:20901 unreachable" in capsys.readouterr().err
+    path = os.path.join(GOLDEN, case + ".txt")
+    if os.environ.get("MQSTORE_UPDATE_GOLDEN") == "1":
+        with open(path, "w") as f:
+            f.write(text)
+    with open(path) as f:
+        assert text == f.read(), f"{case}: output differs from {path}"
