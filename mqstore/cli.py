@@ -372,10 +372,12 @@ def consumer_groups_table(progress: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
-def reset_offset_table(doc: dict, timestamp_text: str) -> str:
-    out = ["rollback consumer offset by specified group[%s], topic[%s], timestamp(string)[%s], timestamp(long)[%s]"
-           % (doc["group"], doc["topic"], timestamp_text, doc["timestamp"]),
-           "%-40s  %-40s  %-40s" % ("#brokerName", "#queueId", "#offset")]
+def reset_offset_table(doc: dict, timestamp_text: str | None) -> str:
+    """resetOffsetByTime's banner and table; skipAccumulatedMessage's table alone (no timestamp)."""
+    out = [] if timestamp_text is None else [
+        "rollback consumer offset by specified group[%s], topic[%s], timestamp(string)[%s], timestamp(long)[%s]"
+        % (doc["group"], doc["topic"], timestamp_text, doc["timestamp"])]
+    out.append("%-40s  %-40s  %-40s" % ("#brokerName", "#queueId", "#offset"))
     out += ["%-40s  %-40d  %-40d" % (doc["broker_name"], r["queue_id"], r["offset"]) for r in doc["queues"]]
     return "\n".join(out) + "\n"
 
@@ -581,6 +583,22 @@ def cmd_reset_offset_by_time(a) -> tuple[Any, str]:
     return doc, reset_offset_table(doc, a.timestamp)
 
 
+def cmd_skip_accumulated(a) -> tuple[Any, str]:
+    doc = call(a.endpoint, "POST", f"/groups/{q(a.group)}/offsets/reset?topic={q(a.topic)}&timestamp=-1", {})
+    return doc, reset_offset_table(doc, None)
+
+
+def cmd_clone_group_offset(a) -> tuple[Any, str]:
+    """The source group's committed offsets on the topic, committed for the destination group
+    (each a replicated commit); queues the source never committed are left as they are."""
+    rows = call(a.endpoint, "GET", f"/groups/{q(a.src_group)}/offsets?topic={q(a.topic)}")["offsets"]
+    done = [call(a.endpoint, "POST", f"/groups/{q(a.dest_group)}/offsets",
+                 {"topic": r["topic"], "queue_id": r["queue_id"], "offset": r["offset"]}) for r in rows]
+    doc = {"src_group": a.src_group, "dest_group": a.dest_group, "topic": a.topic, "offsets": done}
+    return doc, "clone group offset success. srcGroup[%s], destGroup=[%s], topic[%s]\n" % (
+        a.src_group, a.dest_group, a.topic)
+
+
 def cmd_get_broker_config(a) -> tuple[Any, str]:
     doc = call(a.endpoint, "GET", "/config")
     return doc, broker_config_text(doc)
@@ -726,6 +744,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--group", required=True)
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-s", "--timestamp", required=True, help="now, ms, or yyyy-MM-dd#HH:mm:ss:SSS")
+    p = _admin(sub, "skipAccumulatedMessage", cmd_skip_accumulated,
+               "move a group's offsets on a topic past every message stored (its max offsets)")
+    p.add_argument("-g", "--group", required=True)
+    p.add_argument("-t", "--topic", required=True)
+    p = _admin(sub, "cloneGroupOffset", cmd_clone_group_offset, "commit one group's offsets on a topic for another")
+    p.add_argument("-s", "--src-group", required=True)
+    p.add_argument("-d", "--dest-group", required=True)
+    p.add_argument("-t", "--topic", required=True)
     p = _admin(sub, "statsAll", cmd_stats_all, "per topic and consumer group: accumulation, TPS in and out, "
                                                 "messages in and out over the last day (every member of the group)")
     p.add_argument("-a", "--active-topic", action="store_true", help="only topics with messages in the last day")

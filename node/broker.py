@@ -1151,14 +1151,16 @@ class Broker:
         return a
 
     async def reset_offsets_by_time(self, group: Any, topic: Any, timestamp_ms: Any) -> list[dict[str, int]]:
-        """mqadmin resetOffsetByTime: move the group's offset on every queue of `topic` to `timestamp_ms`."""
+        """mqadmin resetOffsetByTime: move the group's offset on every queue of `topic` to `timestamp_ms`;
+        -1 moves it to each queue's max offset, past every message stored (skipAccumulatedMessage)."""
         group = check_group(group)
         cfg = self.topic(topic)
-        ts = check_int("timestamp", timestamp_ms, 0, 1 << 62)
+        ts = check_int("timestamp", timestamp_ms, -1, 1 << 62)
         out = []
         with self._group_slot(group, cfg.topic):
             for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):
-                off = await read_without_stalling(self.offset_by_time, cfg.topic, qid, ts)
+                off = self._queue_bounds(cfg.topic, qid)[1] if ts == -1 else \
+                    await read_without_stalling(self.offset_by_time, cfg.topic, qid, ts)
                 await self._append_system(SYS_CONSUMER_OFFSET, {"group": group, "topic": cfg.topic,
                                                                 "queue_id": qid, "offset": off})
                 out.append({"queue_id": qid, "offset": off})

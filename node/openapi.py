@@ -78,7 +78,8 @@ def _paths() -> dict[str, Any]:
         "/groups/{group}/offsets/reset": {"post": {
             "summary": "resetOffsetByTime: set the group's offset on every queue of a topic to a store time",
             "parameters": [GROUP, _param("topic", "query", "string", "topic", True),
-                           _param("timestamp", "query", "integer", "ms; first message stored at or after it", True)],
+                           _param("timestamp", "query", "integer", "ms; first message stored at or after it "
+                                                                          "(-1: the max offset, skipAccumulatedMessage)", True)],
             "responses": {"200": _ok({"type": "object"}), **_errors(400, 404, 421, 503)}}},
         "/stats": {"get": {
             "summary": "statsAll: per topic the messages sent to this node (TPS over the last minute, count over "

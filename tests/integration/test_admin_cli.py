@@ -102,6 +102,25 @@ def test_consumer_progress_names_the_live_members_and_their_queues(node):
     assert [r["client_id"] for r in prog["queues"]] == ["10.0.0.2@b", "10.0.0.2@b"]
 
 
+def test_skip_accumulated_message_and_clone_group_offset(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Backlog", "queues": 2})[0] == 200
+    assert http(p, "POST", "/topics/Backlog/messages", {"messages": [{"body": f"b{i}", "queue_id": i % 2}
+                                                                     for i in range(7)]})[0] == 200
+    wait_dispatched(p, "Backlog", 0, 4)
+    wait_dispatched(p, "Backlog", 1, 3)
+    assert http(p, "POST", "/groups/Slow/offsets", {"topic": "Backlog", "queue_id": 0, "offset": 1})[0] == 200
+    assert run(p, "consumerProgress", "-g", "Slow")["diff_total"] == 6
+    doc = run(p, "skipAccumulatedMessage", "-g", "Slow", "-t", "Backlog")
+    assert doc["queues"] == [{"queue_id": 0, "offset": 4}, {"queue_id": 1, "offset": 3}]
+    assert run(p, "consumerProgress", "-g", "Slow")["diff_total"] == 0
+    run(p, "cloneGroupOffset", "-s", "Slow", "-d", "Copy", "-t", "Backlog")
+    assert http(p, "GET", "/groups/Copy/offsets?topic=Backlog")[1]["offsets"] == [
+        {"topic": "Backlog", "queue_id": 0, "offset": 4}, {"topic": "Backlog", "queue_id": 1, "offset": 3}]
+    status, err = http(p, "POST", "/groups/Slow/offsets/reset?topic=Backlog&timestamp=-2", {})
+    assert status == 400 and "timestamp" in err["message"]
+
+
 def test_stats_all_counts_what_was_sent_and_what_a_group_pulled(node):
     p = node.port
     assert http(p, "POST", "/topics", {"topic": "Counted", "queues": 2})[0] == 200

@@ -67,6 +67,14 @@ ANSWERS = {
     ("POST", f"/groups/please_rename_unique_group_name/offsets/reset?topic=TopicTest&timestamp={T0}"): {
         "group": "please_rename_unique_group_name", "topic": "TopicTest", "timestamp": T0,
         "broker_name": "broker-a", "queues": [{"queue_id": 0, "offset": 93}, {"queue_id": 1, "offset": 10}]},
+    ("POST", "/groups/please_rename_unique_group_name/offsets/reset?topic=TopicTest&timestamp=-1"): {
+        "group": "please_rename_unique_group_name", "topic": "TopicTest", "timestamp": -1,
+        "broker_name": "broker-a", "queues": [{"queue_id": 0, "offset": 120}, {"queue_id": 1, "offset": 10}]},
+    ("GET", "/groups/please_rename_unique_group_name/offsets?topic=TopicTest"): {
+        "group": "please_rename_unique_group_name", "offsets": [
+            {"topic": "TopicTest", "queue_id": 0, "offset": 93}, {"topic": "TopicTest", "queue_id": 1, "offset": 10}]},
+    ("POST", "/groups/new_group/offsets"): {"group": "new_group", "topic": "TopicTest", "queue_id": 0, "offset": 93,
+                                            "status": "SEND_OK"},
     ("GET", "/config"): {"broker_name": "broker-a", "api": EP, "config": {
         "brokerClusterName": "DefaultCluster", "brokerName": "broker-a", "listenPort": "20911",
         "flushDiskType": "ASYNC_FLUSH", "enableDLegerCommitLog": "true"}},
@@ -88,6 +96,9 @@ CASES = {
     "resetOffsetByTime": ["resetOffsetByTime", "-g", "please_rename_unique_group_name", "-t", "TopicTest",
                           "-s", str(T0)],
     "getBrokerConfig": ["getBrokerConfig"],
+    "skipAccumulatedMessage": ["skipAccumulatedMessage", "-g", "please_rename_unique_group_name", "-t", "TopicTest"],
+    "cloneGroupOffset": ["cloneGroupOffset", "-s", "please_rename_unique_group_name", "-d", "new_group",
+                         "-t", "TopicTest"],
     "queryMsgById": ["queryMsgById", "-i", "7F00000100004E1F0000000000001A2B"],
     "queryMsgByOffset": ["queryMsgByOffset", "-t", "TopicTest", "-q", "0", "-o", "17"],
     "queryMsgByKey": ["queryMsgByKey", "-t", "TopicTest", "-k", "order-1"],
