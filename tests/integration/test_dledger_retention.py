@@ -78,6 +78,15 @@ async def started_group(tmp_path) -> tuple[dict[str, BrokerConfig], dict, str]:
         raise
 
 
+async def started_on(cfg: dict[str, BrokerConfig], fss: dict) -> dict:
+    """Three brokers, each on its own file system, started."""
+    brokers = {}
+    for n in IDS:
+        brokers[n] = build_broker(cfg[n], fs=fss[n])
+        await brokers[n].start()
+    return brokers
+
+
 async def stop_all(brokers: dict) -> None:
     for b in brokers.values():
         if b.log.node.core is not None and b.log.node._running:
@@ -320,10 +329,7 @@ def test_regression_a_cut_on_a_slow_disk_does_not_stall_the_event_loop(tmp_path)
     async def main():
         cfg = configs(tmp_path)
         fss = {n: SlowFsync() for n in IDS}
-        brokers = {}
-        for n in IDS:
-            brokers[n] = build_broker(cfg[n], fs=fss[n])
-            await brokers[n].start()
+        brokers = await started_on(cfg, fss)
         try:
             lead = await leader_of(brokers)
             b = brokers[lead]
@@ -383,10 +389,7 @@ def test_regression_retentions_cut_never_waits_on_the_event_loop_for_a_flush(tmp
     async def main():
         cfg = {n: dataclasses.replace(c, flush_disk_type="SYNC_FLUSH").validate() for n, c in configs(tmp_path).items()}
         fss = {n: GatedFsync() for n in IDS}
-        brokers = {}
-        for n in IDS:
-            brokers[n] = build_broker(cfg[n], fs=fss[n])
-            await brokers[n].start()
+        brokers = await started_on(cfg, fss)
         try:
             lead = await leader_of(brokers)
             b, fs = brokers[lead], fss[lead]
