@@ -1113,6 +1113,7 @@ class Broker:
         for key, table in self.offsets.items():
             t, _, g = key.rpartition("@")
             by_topic.setdefault(t, {})[g] = table
+        pulling = self.traffic.groups_pulling()
         rows = []
         for t in names:
             cfg = self.topics.get(t)
@@ -1125,7 +1126,7 @@ class Broker:
             in_tps, in_day = self.traffic.put_stats(t)
             committed = by_topic.get(t, {})
             groups = []
-            for g in sorted(set(committed) | self.traffic.groups_pulling(t)):
+            for g in sorted(set(committed) | pulling.get(t, set())):
                 out_tps, out_day = self.traffic.get_stats(t, g)
                 accumulation = 0
                 for qid in range(max(cfg.read_queue_nums, cfg.write_queue_nums)):

@@ -122,7 +122,7 @@ class TrafficStats:
         self.in_messages[k] = self.in_messages.get(k, 0) + messages
         self.in_bytes[k] = self.in_bytes.get(k, 0) + body_bytes
         self.in_rate.add(messages)
-        w = self.topic_put.get(k)
+        w = self.topic_put.get(k)        # `_window`, inline: this is the send path
         if w is None:
             w = self.topic_put[k] = Window()
         w.add(messages, self.wall_clock())
@@ -159,8 +159,12 @@ class TrafficStats:
         w, now = self.group_get.get((topic, group)), self.wall_clock()
         return (w.tps(now), w.day_sum(now)) if w is not None else (0.0, 0)
 
-    def groups_pulling(self, topic: str) -> set[str]:
-        return {g for t, g in self.group_get if t == topic}
+    def groups_pulling(self) -> dict[str, set[str]]:
+        """topic -> the groups whose pulls of it were counted."""
+        out: dict[str, set[str]] = {}
+        for t, g in self.group_get:
+            out.setdefault(t, set()).add(g)
+        return out
 
     def group_tps(self, group: str) -> float:
         """The last minute's TPS of `group`'s pulls, every topic's (consumerProgress's Consume TPS)."""

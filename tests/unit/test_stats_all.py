@@ -48,7 +48,7 @@ def test_traffic_counts_puts_per_topic_and_gets_per_topic_and_group():
     assert t.put_stats("A") == (0.5, 30) and t.put_stats("B") == (0.0, 0)
     tps, day = t.get_stats("A", "g1")
     assert abs(tps - 20 / 60) < 1e-9 and day == 20
-    assert t.groups_pulling("A") == {"g1", "g2"}
+    assert t.groups_pulling() == {"A": {"g1", "g2"}}
     assert t.out_messages["A"] == 32
     assert abs(t.group_tps("g1") - 20 / 60) < 1e-9
 
