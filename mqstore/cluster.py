@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import time
 from dataclasses import dataclass
 
@@ -163,6 +164,29 @@ def plan(directory: str, mode: str, nodes: int, base_port: int, group: str = "br
     return specs
 
 
+def planned_ports(mode: str, specs: list[NodeSpec], ctls: list[ControllerSpec]) -> list[int]:
+    """Every port the cluster's processes will listen on, on 127.0.0.1."""
+    ports = [p for s in specs for p in (s.api_port, s.stream_port)]
+    ports += [s.raft_port for s in specs] if mode == "dledger" else []
+    ports += [s.ha_port for s in specs] if mode == "classic" else []
+    return ports + [p for c in ctls for p in (c.api_port, c.raft_port)]
+
+
+def ports_in_use(ports: list[int]) -> list[int]:
+    """The ones a listener cannot bind now, as a node binds (SO_REUSEADDR): held by another
+    listener, or by a connection's end (the DLedger ports, 40911 and up as in RocketMQ's
+    examples, lie in Linux's ephemeral range)."""
+    busy = []
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(port)
+    return busy
+
+
 def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int = 10911,
           secure: bool = False, broker_role: str = BROKER_ROLES[0], controllers: int = CONTROLLERS) -> list[NodeSpec]:
     directory = os.path.abspath(directory)
@@ -170,6 +194,10 @@ def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int 
         raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
     specs = plan(directory, mode, nodes, base_port, secure=secure, broker_role=broker_role, controllers=controllers)
     ctls = plan_controllers(directory, base_port, controllers) if mode == "classic" else []
+    busy = ports_in_use(planned_ports(mode, specs, ctls))
+    if busy:
+        raise SystemExit(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use; end what holds them, or "
+                         f"move the whole cluster with --base-port (e.g. --base-port {base_port + 1000})")
     record: dict = {"mode": mode, "pids": [], "apis": [s.api for s in specs], "controllers": [c.api for c in ctls]}
     deadline = time.monotonic() + HEALTH_TIMEOUT_S
 

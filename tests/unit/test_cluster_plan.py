@@ -52,3 +52,21 @@ def test_the_cli_takes_the_classic_options():
     assert (a.broker_role, a.controllers) == ("SYNC_MASTER", 3)
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["cluster", "up", "--controllers", "2"])
+
+
+def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
+    """Regression: with one of its ports taken (the DLedger ports lie in Linux's ephemeral range,
+    where any outgoing connection may hold one), `cluster up` started the other processes and
+    then said only that a node did not become healthy. Now it names the ports first."""
+    import socket
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert port in mc.ports_in_use([port])
+        with pytest.raises(SystemExit, match=f"{port}.* in use.*--base-port"):
+            mc.start(str(tmp_path), mode="standalone", base_port=port)
+    assert not (tmp_path / mc.STATE_FILE).exists(), "nothing was started"
+    specs = mc.plan(str(tmp_path / "d"), "dledger", 3, 10911)
+    assert sorted(mc.planned_ports("dledger", specs, [])) == [10909, 10911, 10919, 10921, 10929, 10931,
+                                                              40911, 40912, 40913]
