@@ -188,7 +188,7 @@ class DLedgerLog:
         self.handover_retry_s = _HANDOVER_RETRY_S
         self._handover_at = float("-inf")     # when a full leader last handed leadership over
         self._handover_to: str | None = None  # and to whom (the next try goes to another peer)
-        self._scan_floor = 0             # highest position the dispatcher scanned from
+        self._scan_floor = 0             # the dispatcher has dispatched everything below (scan, wait_committed)
 
     # --- lifecycle ---------------------------------------------------------------------
     async def start(self) -> None:
@@ -797,6 +797,10 @@ class DLedgerLog:
         return self.read(physical_offset, size - HEADER_SIZE)
 
     async def wait_committed(self, beyond_position: int, timeout_s: float) -> int:
+        # The dispatcher waits here once it has dispatched up to `beyond_position`: that is its
+        # floor too. (Scans alone left it at the start of the last batch, so an idle log kept
+        # the files that batch spanned from retention until new writes came.)
+        self._scan_floor = max(self._scan_floor, beyond_position)
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self.committed_position <= beyond_position:
             left = deadline - asyncio.get_running_loop().time()

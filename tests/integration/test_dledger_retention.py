@@ -255,6 +255,35 @@ def test_regression_a_reset_on_a_full_disk_waits_for_room_and_then_completes(tmp
     asyncio.run(main())
 
 
+def test_regression_an_idle_dispatcher_holds_back_no_cut(tmp_path):
+    """A cut stops below what the dispatcher has dispatched, which the log learnt from the
+    position each scan starts at. A dispatcher caught up with an idle log scans no more, so
+    the files its last batch spanned stayed, aged or not, until new writes came: under load
+    (a big last batch) a node process of the retention test below kept two expired files for
+    good. Now a dispatcher waiting for new commits marks its position too."""
+    async def main():
+        cfg, brokers, lead = await started_group(tmp_path)
+        try:
+            b = brokers[lead]
+            await b.create_topic("T", 2)
+            await send(b, "T", 600, "a")
+            await settled(brokers, IDS)
+            for n in IDS:
+                lg = brokers[n].log
+                try:
+                    await wait_for(lambda: lg._scan_floor == lg.committed_position, timeout=5)
+                except AssertionError:
+                    raise AssertionError(f"{n}: the dispatch floor stayed at {lg._scan_floor}, below the "
+                                         f"committed end {lg.committed_position}") from None
+            before = data_files(b)
+            await cut(b)
+            assert data_files(b) == before[-1:], "every file but the one being written goes"
+        finally:
+            await stop_all(brokers)
+
+    asyncio.run(main())
+
+
 def test_regression_a_corrupt_entry_no_peer_keeps_goes_with_its_file_and_blocks_nothing(tmp_path):
     """A follower found a bit flipped in an old entry after both peers had cut past it: no peer
     could send it, the repair was retried forever and the node never campaigned again; and while
