@@ -41,6 +41,7 @@ MSGPACK = "application/x-msgpack"
 OPEN_ROUTES = {("GET", "/health"), ("GET", "/metrics"), ("GET", "/dashboard"), ("GET", "/dashboard/static/{name}")}
 # Read-only routes a peer may call with a cluster-secret signature. Never a write.
 PEER_READ_ROUTES = {("GET", "/cluster")}
+GROUP_QUERY_ROUTES = {("GET", "/topics/{topic}/queues/{queue_id}/messages")}   # `group=` needs SUB on it
 PEER_LISTENER = "api"     # rocketmq_peer_auth_failures_total{listener="api"}
 
 # (method, route pattern) -> (resource kind, match_info key or body/query field, permission).
@@ -149,10 +150,14 @@ def _body_field(request: web.Request, raw: bytes, name: str) -> Any:
 
 
 def authorise(account: Account, method: str, pattern: str | None, match_info: dict[str, str],
-              field_value: Any = None) -> None:
-    """Raise AuthError(403) unless `account` may call `method pattern`."""
+              field_value: Any = None, query_group: str | None = None) -> None:
+    """Raise AuthError(403) unless `account` may call `method pattern`; on a pull that names
+    its consumer group (`query_group`), SUB on the group too, as RocketMQ checks a pull's."""
     if account.admin:
         return
+    if query_group is not None and (method, pattern) in GROUP_QUERY_ROUTES \
+            and not account.group_perm(query_group) & Perm.SUB:
+        raise forbidden(f"access key {account.access_key!r} lacks SUB on group {query_group!r}")
     rule = RULES.get((method, pattern)) if pattern else None
     if rule is None:
         raise forbidden(f"{method} {pattern or 'this path'} needs an admin account")
@@ -249,7 +254,7 @@ def make_middleware(store: AclStore, nonces: NonceCache, wall_clock_ms: Callable
             rule = RULES.get((method, pattern or ""))
             if rule is not None and rule[0] == "txn" and not account.admin:
                 field_value = request.query.get(rule[1]) if method == "GET" else _body_field(request, raw, rule[1])
-            authorise(account, method, pattern, dict(request.match_info), field_value)
+            authorise(account, method, pattern, dict(request.match_info), field_value, request.query.get("group"))
         except AuthError as e:
             refusals.note(request, e)
             return _error(request, e)

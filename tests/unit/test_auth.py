@@ -205,6 +205,16 @@ def test_authorise(ak, method, pattern, info, ok):
         assert e.value.status == 403
 
 
+def test_a_pull_that_names_its_group_needs_sub_on_the_group_too():
+    pull = "/topics/{topic}/queues/{queue_id}/messages"
+    auth.authorise(ACCOUNTS["reader01"], "GET", pull, {"topic": "orders"}, None, "billing")
+    with pytest.raises(AuthError, match="SUB on group 'ops'"):
+        auth.authorise(ACCOUNTS["reader01"], "GET", pull, {"topic": "orders"}, None, "ops")
+    with pytest.raises(AuthError, match="topic 'secret'"):
+        auth.authorise(ACCOUNTS["reader01"], "GET", pull, {"topic": "secret"}, None, "billing")
+    auth.authorise(ACCOUNTS["admin-key"], "GET", pull, {"topic": "secret"}, None, "ops")
+
+
 def test_transactions_check_the_producer_group():
     auth.authorise(ACCOUNTS["producer1"], "GET", "/transactions/pending", {}, "billing")
     with pytest.raises(AuthError):
