@@ -558,15 +558,20 @@ def run_figures(seed: int, nemesis: Nemesis, liveness_s: float | None, attempts:
             "kinds": dict(collections.Counter(a.split()[1] for a in nemesis.applied))}
 
 
+KEEP_STALL_MS = 500     # with --keep, a passing seed whose event loop stalled this long keeps its files too
+
+
 def cli(argv: list[str] | None, prog: str, doc: str, prefix: str, run, nodes: tuple[int, ...] = ()) -> int:
-    """Run seeds one after another, one JSON line each; keep a failing seed's files if asked."""
+    """Run seeds one after another, one JSON line each; keep a failing seed's files if asked,
+    and a passing one's whose loop stalled KEEP_STALL_MS or more (its logs hold the stack)."""
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--seeds", type=int, default=3, help="how many seeds")
     p.add_argument("--start", type=int, default=1, help="first seed")
     p.add_argument("--seconds", type=float, default=60.0, help="faults per seed, seconds of hold and rest")
     if nodes:
         p.add_argument("--nodes", type=int, choices=nodes, default=nodes[0], help="group size")
-    p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory")
+    p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory "
+                                                "(and the logs of a seed whose event loop stalled 500 ms or more)")
     args = p.parse_args(argv)
     # SIGTERM ends the run through the finally blocks: processes killed, small disks unmounted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -576,19 +581,24 @@ def cli(argv: list[str] | None, prog: str, doc: str, prefix: str, run, nodes: tu
         try:
             figures = run(seed, args.seconds, root, **({"nodes": args.nodes} if nodes else {}))
             print(json.dumps({"ok": True, **figures}), flush=True)
-            shutil.rmtree(root, ignore_errors=True)
+            stalled = (figures.get("loop_stalls") or {}).get("longest_ms", 0) >= KEEP_STALL_MS
+            _keep_or_remove(root, args.keep if stalled else None, f"{prefix}-seed-{seed}-stalled", seed)
         except AssertionError as e:
             failed += 1
             print(json.dumps({"ok": False, "seed": seed, "error": str(e)[:4000]}), flush=True)
-            if args.keep:
-                os.makedirs(args.keep, exist_ok=True)
-                dest = os.path.join(args.keep, f"{prefix}-seed-{seed}")
-                shutil.move(root, dest)
-                print(f"seed {seed}: stores and logs kept in {dest}", file=sys.stderr)
-            else:
-                shutil.rmtree(root, ignore_errors=True)
+            _keep_or_remove(root, args.keep, f"{prefix}-seed-{seed}", seed)
     print(json.dumps({"seeds": args.seeds, "failed": failed}))
     return 1 if failed else 0
+
+
+def _keep_or_remove(root: str, keep: str | None, name: str, seed: int) -> None:
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+        dest = os.path.join(keep, name)
+        shutil.move(root, dest)
+        print(f"seed {seed}: stores and logs kept in {dest}", file=sys.stderr)
+    else:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

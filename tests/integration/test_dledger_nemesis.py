@@ -67,3 +67,24 @@ def test_random_faults_lose_no_acked_message(tmp_path, seed):
     print(f"nemesis: {figures}")
     assert figures["acked"] > 0 and figures["liveness_s"] > 0
     assert figures["disk_faults"] == "on" and figures["clock_faults"] == "on"
+
+
+def test_keep_holds_a_failing_seed_and_a_passing_one_whose_loop_stalled(tmp_path, monkeypatch, capsys):
+    """A passing seed's files went with it, so a long loop stall it reported (only its
+    innermost frames reach the verdict) could not be traced to its caller afterwards."""
+    from tests.integration import nemesis
+    monkeypatch.setattr(nemesis.tempfile, "tempdir", str(tmp_path / "work"))
+    os.makedirs(tmp_path / "work")
+
+    def run(seed, seconds, root):
+        with open(os.path.join(root, "node.log"), "w") as f:
+            f.write(f"seed {seed}\n")
+        if seed == 3:
+            raise AssertionError("lost an acked message")
+        return {"seed": seed, "loop_stalls": {"stalls": 1, "longest_ms": 791 if seed == 2 else 120}}
+
+    keep = tmp_path / "kept"
+    assert nemesis.cli(["--seeds", "3", "--keep", str(keep)], "nemesis", "doc", "nemesis", run) == 1
+    assert sorted(os.listdir(keep)) == ["nemesis-seed-2-stalled", "nemesis-seed-3"]
+    assert open(keep / "nemesis-seed-2-stalled" / "node.log").read() == "seed 2\n"
+    assert os.listdir(tmp_path / "work") == [], "the others' files are removed"
