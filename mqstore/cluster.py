@@ -27,7 +27,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import time
 from dataclasses import dataclass
 
@@ -172,21 +171,6 @@ def planned_ports(mode: str, specs: list[NodeSpec], ctls: list[ControllerSpec]) 
     return ports + [p for c in ctls for p in (c.api_port, c.raft_port)]
 
 
-def ports_in_use(ports: list[int]) -> list[int]:
-    """The ones a listener cannot bind now, as a node binds (SO_REUSEADDR): held by another
-    listener, or by a connection's end (the DLedger ports, 40911 and up as in RocketMQ's
-    examples, lie in Linux's ephemeral range)."""
-    busy = []
-    for port in ports:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                busy.append(port)
-    return busy
-
-
 def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int = 10911,
           secure: bool = False, broker_role: str = BROKER_ROLES[0], controllers: int = CONTROLLERS) -> list[NodeSpec]:
     directory = os.path.abspath(directory)
@@ -194,7 +178,7 @@ def start(directory: str, mode: str = "dledger", nodes: int = 3, base_port: int 
         raise SystemExit(f"a cluster is already recorded in {directory}; run `mqstore cluster down --dir {directory}`")
     specs = plan(directory, mode, nodes, base_port, secure=secure, broker_role=broker_role, controllers=controllers)
     ctls = plan_controllers(directory, base_port, controllers) if mode == "classic" else []
-    busy = ports_in_use(planned_ports(mode, specs, ctls))
+    busy = lc.ports_in_use(planned_ports(mode, specs, ctls))   # the DLedger ports lie in the ephemeral range
     if busy:
         raise SystemExit(f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 are in use; end what holds them, or "
                          f"move the whole cluster with --base-port (e.g. --base-port {base_port + 1000})")

@@ -56,13 +56,28 @@ def _ephemeral_floor() -> int:
 
 
 def _bound(port: int) -> socket.socket | None:
+    """A socket bound to the loopback port, as a node binds it (SO_REUSEADDR), or None."""
     s = socket.socket()
     try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         return s
     except OSError:
         s.close()
         return None
+
+
+def ports_in_use(ports: Iterable[int]) -> list[int]:
+    """The loopback ports a listener cannot bind now: held by another listener, or by a
+    connection's end (ports in the ephemeral range may be)."""
+    busy = []
+    for port in ports:
+        s = _bound(port)
+        if s is None:
+            busy.append(port)
+        else:
+            s.close()
+    return busy
 
 
 def free_ports(n: int) -> list[int]:

@@ -567,11 +567,8 @@ class IndexService:
             for f in files:
                 f.readers -= 1
                 if f.readers == 0 and f.doomed:
-                    self._delete(f)
+                    self._remove([f])
         return out
-
-    def _delete(self, f: IndexFile) -> None:
-        self._remove([f])
 
     def delete_expired(self, min_phys: int) -> list[str]:
         """Delete files (never the last) whose every entry is below the commitlog's min offset;

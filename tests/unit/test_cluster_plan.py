@@ -63,7 +63,7 @@ def test_a_port_in_use_is_named_before_anything_starts(tmp_path):
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        assert port in mc.ports_in_use([port])
+        assert port in mc.lc.ports_in_use([port])
         with pytest.raises(SystemExit, match=f"{port}.* in use.*--base-port"):
             mc.start(str(tmp_path), mode="standalone", base_port=port)
     assert not (tmp_path / mc.STATE_FILE).exists(), "nothing was started"
