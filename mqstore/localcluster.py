@@ -81,19 +81,24 @@ def ports_in_use(ports: Iterable[int]) -> list[int]:
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free loopback ports (all sockets held open together, so no duplicates), taken
+    """n distinct free loopback ports (all held open together, and each drawn once), taken
     below the ephemeral range where there is one (Linux), else wherever the kernel picks."""
     if not 0 < n <= MAX_PORTS:
         raise ValueError(f"free_ports: n must be 1..{MAX_PORTS}, got {n}")
     socks: list[socket.socket] = []
+    taken: set[int] = set()
     top = _ephemeral_floor()
     try:
         for _ in range(max(PORT_TRIES, 4 * n) if top - PORT_FLOOR > 10 * MAX_PORTS else 0):
             if len(socks) == n:
                 break
-            s = _bound(_port_rng.randrange(PORT_FLOOR, top))
+            port = _port_rng.randrange(PORT_FLOOR, top)
+            if port in taken:         # SO_REUSEADDR lets a second unlistened socket bind it too
+                continue
+            s = _bound(port)
             if s is not None:
                 socks.append(s)
+                taken.add(port)
         while len(socks) < n:                 # no such range, or it is crowded
             s = socket.socket()
             s.bind(("127.0.0.1", 0))

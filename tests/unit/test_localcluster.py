@@ -34,6 +34,17 @@ def test_free_ports_lie_below_the_ephemeral_range():
     assert len(set(ports)) == 64 and all(lc.PORT_FLOOR <= p < floor for p in ports)
 
 
+def test_regression_free_ports_never_returns_a_port_twice(monkeypatch):
+    """Regression (CI: 63 distinct of 64): the probe binds with SO_REUSEADDR, as a node does,
+    and Linux lets two sockets that do not listen share a port that way; a port drawn twice
+    came back twice."""
+    draws = iter([20001, 20001, 20002, 20001, 20003] + list(range(20004, 20400)))
+    monkeypatch.setattr(lc._port_rng, "randrange", lambda lo, hi: next(draws))
+    assert lc._ephemeral_floor() > 20400, "this test needs Linux's ip_local_port_range"
+    ports = lc.free_ports(4)
+    assert len(set(ports)) == 4, ports
+
+
 def test_write_conf_later_key_wins_and_bad_line_is_refused(tmp_path):
     path = lc.write_conf(str(tmp_path / "a" / "broker.conf"),
                          lc.node_lines(1234, "/s", "listenPort=99\nfoo=bar\n"))
