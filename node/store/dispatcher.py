@@ -39,7 +39,7 @@ from node.log_throttle import LogThrottle
 from node.replicated_log import ReplicatedLog, ScanBatch
 from node.store import layout as L
 from node.store.checkpoint import Checkpoint
-from node.store.cold_reads import read_without_stalling
+from node.store.cold_reads import DiskWait, fill, no_disk_waits, read_without_stalling
 from node.store.consume_queue import ConsumeQueue, ConsumeQueueStore
 from node.store.errors import CorruptRecord, StoreError
 from node.store.index_file import IndexService
@@ -475,14 +475,22 @@ class Dispatcher:
         spans, next_position = await read_without_stalling(self._scan, position)
         if self.position != position:       # reset meanwhile (a truncation): scan again
             return 0
-        return self._dispatch_scanned(position, spans, next_position)
+        try:
+            return self._dispatch_scanned(position, spans, next_position, may_wait=False)
+        except DiskWait as e:
+            # A queue's or the index's new file would fsync its directory here, on the loop
+            # (cold_reads.names_must_wait): a worker does that first, and the batch is
+            # dispatched again from `position`, as after a full disk (_disk_full).
+            assert e.fetch is not None, e
+            await fill(e.fetch)
+            return 0
 
     def _dispatch_scanned(self, position: int, spans: Sequence[tuple[bytes, int, int, int]],
-                          next_position: int) -> int:
+                          next_position: int, may_wait: bool = True) -> int:
         assert next_position > position or self.log.committed_position <= position, (
             f"log.scan made no progress at {position} below committed {self.log.committed_position}")
         try:
-            n = self._dispatch_spans(spans)
+            n = self._dispatch_spans(spans, may_wait)
         except CorruptRecord as e:
             self.failed = e
             log.error("dispatch: corrupt record in the committed log, batch at position %d: %s; "
@@ -504,11 +512,28 @@ class Dispatcher:
         """Dispatch the records of a `ScanBatch` (the Protocol's shape)."""
         return self._dispatch_spans([(r.data, 0, r.physical_offset, len(r.data)) for r in batch.records])
 
-    def _dispatch_spans(self, spans: Sequence[tuple[bytes, int, int, int]]) -> int:
+    def _dispatch_spans(self, spans: Sequence[tuple[bytes, int, int, int]], may_wait: bool = True) -> int:
+        """Write the records' units and index entries (`may_wait=False`: DiskWait where a
+        write would wait, before it changes anything a second try does not repair), then
+        call the system records' handlers and wake the queues' listeners."""
+        if may_wait:
+            touched, calls = self._write_spans(spans)
+        else:
+            with no_disk_waits():
+                touched, calls = self._write_spans(spans)
+        for handler, data, phys in calls:
+            self._call_handler(handler, data, phys)
+        for cq in touched:
+            self._notify(cq)
+        self.dispatched_records += len(spans)
+        return len(spans)
+
+    def _write_spans(self, spans: Sequence[tuple[bytes, int, int, int]]
+                     ) -> tuple[list[ConsumeQueue], list[tuple[SystemHandler, bytes, int]]]:
         """Each record `buf[at:at + size]`, read in place: its CQ unit joins its queue's run,
-        its keys go to the index, a system record is queued for its handler. One loop with
-        its names bound locally (every dispatched record passes here), one narrow header
-        unpack per record."""
+        its keys go to the index, a system record is queued for its handler (returned with
+        the queues written). One loop with its names bound locally (every dispatched record
+        passes here), one narrow header unpack per record."""
         runs: dict[tuple[bytes, int], _Run] = {}
         calls: list[tuple[SystemHandler, bytes, int]] = []
         unpack, head, props_len_of = _DISPATCH_FIELDS.unpack_from, _HEADER.size, _PROPS_LEN.unpack_from
@@ -558,12 +583,7 @@ class Dispatcher:
         touched = [self._write_run(run) for run in runs.values()]
         if index is not None:
             index.write_pending()
-        for handler, data, phys in calls:
-            self._call_handler(handler, data, phys)
-        for cq in touched:
-            self._notify(cq)
-        self.dispatched_records += len(spans)
-        return len(spans)
+        return touched, calls
 
     def _props_facts(self, raw: bytes) -> tuple[int, str | None, str | None, str | None]:
         """(tags code, KEYS, UNIQ_KEY, DELAY) of encoded properties. Remembered (bounded) only

@@ -134,7 +134,9 @@ class DeferredDirSync:
     synced: the owners' loads do that at once, off the event loop) one name waits and a
     second new file fsyncs the directory at once: a crash could otherwise keep a later file
     with no earlier one to show the gap, and the later file would be taken for the start.
-    `sync()` may run on a flush thread."""
+    `sync()` may run on a flush thread. Where writes must not wait (the dispatch on the event
+    loop, within `cold_reads.no_disk_waits`), an owner asks `must_sync_first()` before such a
+    second file and has a worker run `sync()` first (`cold_reads.names_must_wait`)."""
 
     def __init__(self, fs: "FileSystem", directory: str, existing: bool = False):
         self.fs, self.directory = fs, directory
@@ -150,6 +152,11 @@ class DeferredDirSync:
             if defer and (self._anchored or self._pending == 1):
                 return
         self._fsync(anchored=True)
+
+    def must_sync_first(self) -> bool:
+        """Whether a new file created now would fsync the directory at once."""
+        with self._lock:
+            return not self._anchored and self._pending >= 1
 
     def restarted(self) -> None:
         """The owner removed its files and created one: that name waits, none durable before it

@@ -32,6 +32,7 @@ import sys
 import threading
 from array import array
 
+from node.store import cold_reads
 from node.store import layout as L
 from node.store.errors import StoreFatal, is_enospc
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem
@@ -369,6 +370,7 @@ class IndexService:
         self._due_lock = threading.Lock()           # only for _sync_due: never held over an fsync
         self._names = DeferredDirSync(fs, self.directory)     # a new file's name: made durable by sync()
         self.redispatch_from: int | None = None     # set at start: the checkpoint's position (build_index)
+        self._built_below = 0       # messages below this offset were indexed whole by this process
 
     # --- startup ----------------------------------------------------------------------------
     def load(self, log_end_physical: int | None = None) -> list[str]:
@@ -452,6 +454,7 @@ class IndexService:
         last = self.files[-1] if self.files else None
         if last is not None and last.writable and not last.is_full:
             return last
+        cold_reads.names_must_wait(self._names, self.directory)    # before anything changes
         if last is not None and last.writable and last.seal():
             # Its fsync goes with the next flush, on the flush thread, as RocketMQ's IndexService
             # flushes a full file on a thread of its own: made here, on the event loop, it
@@ -487,11 +490,15 @@ class IndexService:
         after a restart) and is skipped, unless it is at or past `redispatch_from`: the
         entries past the checkpoint were never fsynced, and a crash may have kept the
         header that counts them without them. Such a message is indexed again; a query
-        returns each offset once. Returns the number of entries added.
+        returns each offset once. A message this process indexed whole is skipped too (a
+        batch dispatched again after a full disk or a DiskWait). Returns the number of
+        entries added.
         """
-        if self.files and phy_offset < self.files[-1].end_phy_offset and (
-                self.redispatch_from is None or phy_offset < self.redispatch_from):
-            return 0
+        if self.files:
+            end = self.files[-1].end_phy_offset
+            if (phy_offset <= end and phy_offset < self._built_below) or (phy_offset < end and (
+                    self.redispatch_from is None or phy_offset < self.redispatch_from)):
+                return 0
         words = [uniq_key] if uniq_key else []
         if keys:
             words += [k for k in keys.split(KEY_SEPARATOR) if k]
@@ -503,6 +510,7 @@ class IndexService:
                 f = self._writable(store_timestamp)     # it was full: roll once
                 ok = f.put_hash(key_hash, phy_offset, store_timestamp)
                 assert ok, "a fresh index file must accept an entry"
+        self._built_below = phy_offset + 1
         return len(words)
 
     def write_pending(self) -> None:

@@ -431,7 +431,7 @@ def test_a_log_that_asks_for_linger_gets_small_commits_dispatched_as_one_batch(t
         s.recover(log)
         batches = []
         real = s.d._dispatch_spans
-        s.d._dispatch_spans = lambda spans: batches.append(len(spans)) or real(spans)
+        s.d._dispatch_spans = lambda spans, *a: batches.append(len(spans)) or real(spans, *a)
         s.d.start()
         await asyncio.sleep(0.01)
         for i in range(10):                  # ten commits of one record, 1 ms apart
@@ -661,6 +661,49 @@ def test_regression_a_flush_staged_before_a_rewind_saves_no_checkpoint(tmp_path)
         s.close()
 
     asyncio.run(scenario())
+
+
+def test_regression_a_new_files_directory_fsync_never_runs_on_the_event_loop(tmp_path):
+    """Random-fault run (DLedger seed 539): the event loop stalled 791 ms in a directory fsync.
+    In a directory with no durable name yet (a new queue, any queue after a reset, a new index
+    directory) one new file's name waits for the next flush; a second new file before that
+    flush fsynced the directory at once, in the dispatch, on the loop. Now a worker makes the
+    names durable first and the batch is dispatched again: the queues and the index come out
+    as before, and every directory fsync ran off the loop."""
+    class Watched(FsyncHooked):
+        def __init__(self):
+            super().__init__()
+            self.loop_thread: int | None = None
+            self.on_loop: list[str] = []
+            self.off_loop: list[str] = []
+
+        def before_fsync_of(self, path):
+            if os.path.isdir(path) and self.loop_thread is not None:
+                (self.on_loop if threading.get_ident() == self.loop_thread else self.off_loop).append(path)
+
+    async def scenario(s: Store, fs: Watched, log: FakeLog) -> None:
+        fs.loop_thread = threading.get_ident()
+        s.d.start()
+        await until(lambda: s.d.position == log.end)
+        await s.d.stop()
+
+    log = FakeLog()
+    for i in range(3 * UPF + 2):                      # one new queue: four files
+        log.append("TopicA", 0, keys=f"k{i}", uniq=f"U{i:08d}")   # 2 index entries each: 5 index files
+    for i in range(2 * UPF):                          # and a second new queue: two files
+        log.append("TopicB", 1)
+    fs = Watched()
+    s = Store(log, tmp_path, fs=fs, flush_interval_ms=60_000)
+    s.recover(log)
+    asyncio.run(scenario(s, fs, log))
+    assert fs.on_loop == [], f"directory fsyncs on the event loop: {fs.on_loop}"
+    assert {os.path.basename(p) for p in fs.off_loop} >= {"0", "1", "index"}
+    assert cq_contents(s) == expected_cqs(log)
+    # Each entry once: the batches dispatched again skip what they indexed (the index rolled).
+    assert len(s.index.files) > 1 and sum(f.entries for f in s.index.files) == 2 * (3 * UPF + 2)
+    assert all(s.index.query("TopicA", f"k{i}", 0, 2**62, 4) == [phys]
+               for i, (phys, _) in enumerate(log.records[:3 * UPF + 2]))
+    s.close()
 
 
 def test_regression_expiry_never_waits_on_the_event_loop_for_a_flush_in_progress(tmp_path):
