@@ -3,7 +3,7 @@
     mqstore node --config broker.conf
     mqstore topicList | topicStatus -t T | updateTopic -t T -r 8 -w 8
     mqstore queryMsgById -i ID | queryMsgByUniqueKey -t T -i MSGID | queryMsgByKey -t T -k K
-    mqstore queryMsgByOffset -t T -q 0 -o 5
+    mqstore queryMsgByOffset -t T -q 0 -o 5 | printMsg -t T [-b TIME -e TIME]
     mqstore brokerStatus | send -t T -b hello | pull -t T -q 0 -o 0
     mqstore clusterList | topicRoute -t T | deleteTopic -t T | getBrokerConfig
     mqstore consumerProgress [-g G] | resetOffsetByTime -g G -t T -s now
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import codecs
 import datetime as dt
 import json
 import os
@@ -402,6 +403,12 @@ def parse_timestamp(text: str, now_ms: int | None = None) -> int:
     return int(t.timestamp() * 1000)
 
 
+def _true_false(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return text.lower() == "true"
+
+
 # --- verbs ---------------------------------------------------------------------------------------
 def _broker_name(ep: str) -> str:
     return call(ep, "GET", "/health").get("group", "")
@@ -629,6 +636,66 @@ def cmd_pull(a) -> tuple[Any, str]:
     return doc, head + "".join(rows)
 
 
+PRINT_MSG_BATCH = 32           # messages per pull (mqadmin printMsg's)
+
+
+def message_ext_text(m: dict, broker_name: str) -> str:
+    """RocketMQ MessageExt.toString, with the fields a pull returns (the body by its size)."""
+    props = ", ".join(f"{k}={v}" for k, v in sorted(m["properties"].items()))
+    return (f"MessageExt [brokerName={broker_name}, queueId={m['queue_id']}, queueOffset={m['queue_offset']}, "
+            f"bornTimestamp={m['born_timestamp']}, bornHost={m.get('born_host', '')}, "
+            f"storeTimestamp={m['store_timestamp']}, storeHost={m.get('store_host', '')}, "
+            f"msgId={m['offset_msg_id']}, commitLogOffset={m['commitlog_offset']}, bodyCRC={m.get('body_crc', 0)}, "
+            f"reconsumeTimes={m['reconsume_times']}, toString()=Message{{topic='{m['topic']}', "
+            f"properties={{{props}}}, body=<{len(body_of(m))} bytes>}}]")
+
+
+def cmd_print_msg(a) -> tuple[Any, str]:
+    """mqadmin printMsg: every message of each queue of the topic from its min offset (or the
+    first stored at -b) up to its max offset (or the first stored at -e), pulled 32 at a time,
+    with mqadmin's lines."""
+    try:
+        codecs.lookup(a.charset)
+    except LookupError:
+        raise CliError(f"unknown charset {a.charset!r}") from None
+    begin = parse_timestamp(a.begin) if a.begin else None
+    end = parse_timestamp(a.end) if a.end else None
+    name = _broker_name(a.endpoint)
+    docs, lines = [], []
+    for qs in call(a.endpoint, "GET", f"/topics/{q(a.topic)}")["queues"]:
+        qid = qs["queue_id"]
+        lo, hi = qs["min_offset"], qs["max_offset"]
+        if begin is not None:
+            lo = call(a.endpoint, "GET", f"/topics/{q(a.topic)}/queues/{qid}/offset?timestamp={begin}")["offset"]
+        if end is not None:
+            hi = call(a.endpoint, "GET", f"/topics/{q(a.topic)}/queues/{qid}/offset?timestamp={end}")["offset"]
+        mq = f"MessageQueue [topic={a.topic}, brokerName={name}, queueId={qid}]"
+        lines.append(f"minOffset={lo}, maxOffset={hi}, {mq}\n")
+        got: list[dict] = []
+        offset = lo
+        while offset < hi:
+            doc = call(a.endpoint, "GET", f"/topics/{q(a.topic)}/queues/{qid}/messages?offset={offset}"
+                                          f"&max={PRINT_MSG_BATCH}&tags={q(a.sub_expression)}")
+            status, nxt = doc["status"], doc["next_offset"]
+            if status == "FOUND":
+                for m in doc["messages"]:
+                    if m["queue_offset"] >= hi:
+                        break
+                    got.append(m)
+                    body = body_of(m).decode(a.charset, errors="replace") if a.print_body else "NOT PRINT BODY"
+                    lines.append(f"MSGID: {m['msg_id']} {message_ext_text(m, name)} BODY: {body}\n")
+            elif status == "NO_MATCHED_MSG":
+                lines.append(f"{mq} no matched msg. status={status}, offset={nxt}\n")
+            else:       # NO_NEW_MSG, OFFSET_ILLEGAL: nothing more here
+                lines.append(f"{mq} print msg finished. status={status}, offset={nxt}\n")
+                break
+            if nxt <= offset:
+                break   # no progress (the queue moved under us): stop rather than loop
+            offset = nxt
+        docs.append({"queue_id": qid, "min_offset": lo, "max_offset": hi, "messages": got})
+    return {"topic": a.topic, "queues": docs}, "".join(lines)
+
+
 def cmd_node(a) -> int:
     from node.__main__ import main as node_main
     return node_main(["--config", a.config] if a.config else [])
@@ -760,6 +827,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _admin(sub, "deleteExpiredCommitLog", cmd_delete_expired_commitlog,
                "delete commitlog files older than fileReservedTime now, not at deleteWhen's hour")
     p.add_argument("--all", action="store_true", help="every member of the node's group (/cluster/nodes)")
+    p = _admin(sub, "printMsg", cmd_print_msg, "print every message of a topic's queues (a store-time range with -b/-e)")
+    p.add_argument("-t", "--topic", required=True)
+    p.add_argument("-c", "--charset", default="utf-8", help="the bodies' charset (default utf-8)")
+    p.add_argument("-s", "--sub-expression", default="*", help="tags: `*` or `TagA || TagB`")
+    p.add_argument("-b", "--begin", help="store time to start at: ms or yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-e", "--end", help="store time to stop at: ms or yyyy-MM-dd#HH:mm:ss:SSS")
+    p.add_argument("-d", "--print-body", type=_true_false, default=True, help="true (default) or false")
     p = _admin(sub, "send", cmd_send, "send one message")
     p.add_argument("-t", "--topic", required=True)
     p.add_argument("-b", "--body", required=True)

@@ -299,6 +299,15 @@ async def pull(request: web.Request) -> web.Response:
     return reply(request, render_pull(r, wants_msgpack(request)))
 
 
+async def search_offset(request: web.Request) -> web.Response:
+    ts = query_int(request, "timestamp")
+    if ts is None:
+        raise BadRequest("query parameter timestamp is required (ms since the epoch)")
+    topic, qid = request.match_info["topic"], path_int(request, "queue_id")
+    offset = await broker_of(request).search_offset(topic, qid, ts)
+    return reply(request, {"topic": topic, "queue_id": qid, "timestamp": ts, "offset": offset})
+
+
 async def message_by_queue_offset(request: web.Request) -> web.Response:
     m = await read_without_stalling(broker_of(request).query_by_queue_offset, request.match_info["topic"],
                                     path_int(request, "queue_id"), path_int(request, "queue_offset"))
@@ -422,6 +431,7 @@ ROUTES: list[tuple[str, str, Callable]] = [
     ("GET", "/topics/{topic}/messages", messages_by_key),
     ("GET", "/topics/{topic}/queues/{queue_id}/messages", pull),
     ("GET", "/topics/{topic}/queues/{queue_id}/messages/{queue_offset}", message_by_queue_offset),
+    ("GET", "/topics/{topic}/queues/{queue_id}/offset", search_offset),
     ("POST", "/groups/{group}/offsets", commit_offset),
     ("GET", "/groups/{group}/offsets", read_offsets),
     ("GET", "/messages/{offset_msg_id}", message_by_id),

@@ -51,6 +51,7 @@ RULES: dict[tuple[str, str], tuple[str, str, Perm]] = {
     ("POST", "/topics/{topic}/messages"): ("topic", "topic", Perm.PUB),
     ("GET", "/topics/{topic}/queues/{queue_id}/messages"): ("topic", "topic", Perm.SUB),
     ("GET", "/topics/{topic}/queues/{queue_id}/messages/{queue_offset}"): ("topic", "topic", Perm.SUB),
+    ("GET", "/topics/{topic}/queues/{queue_id}/offset"): ("topic", "topic", Perm.SUB),
     ("GET", "/topics/{topic}/messages"): ("topic", "topic", Perm.SUB),
     ("GET", "/topics/{topic}"): ("topic", "topic", ANY),
     ("GET", "/topics"): ("any", "", ANY),

@@ -1151,6 +1151,17 @@ class Broker:
                 b = mid
         return a
 
+    async def search_offset(self, topic: Any, queue_id: Any, timestamp_ms: Any) -> int:
+        """RocketMQ searchOffset (SEARCH_OFFSET_BY_TIMESTAMP): the first queue offset stored at
+        or after `timestamp_ms`; the queue's max offset if none is."""
+        cfg = self.topic(topic)
+        qid = check_int("queue_id", queue_id, 0, MAX_QUEUES_PER_TOPIC)
+        if qid >= max(cfg.read_queue_nums, cfg.write_queue_nums):
+            raise BadRequest(f"queue_id {qid} is out of range; topic {cfg.topic!r} has "
+                             f"{max(cfg.read_queue_nums, cfg.write_queue_nums)} queues")
+        ts = check_int("timestamp", timestamp_ms, 0, 1 << 62)
+        return await read_without_stalling(self.offset_by_time, cfg.topic, qid, ts)
+
     async def reset_offsets_by_time(self, group: Any, topic: Any, timestamp_ms: Any) -> list[dict[str, int]]:
         """mqadmin resetOffsetByTime: move the group's offset on every queue of `topic` to `timestamp_ms`;
         -1 moves it to each queue's max offset, past every message stored (skipAccumulatedMessage)."""

@@ -126,6 +126,15 @@ def _paths() -> dict[str, Any]:
             "summary": "Query one message by queue offset",
             "parameters": [TOPIC, QUEUE, _param("queue_offset", "path", "integer", "queue offset")],
             "responses": {"200": _ok(_ref("Message")), **_errors(400, 404)}}},
+        "/topics/{topic}/queues/{queue_id}/offset": {"get": {
+            "summary": "Search a queue offset by store time (RocketMQ searchOffset)",
+            "parameters": [TOPIC, QUEUE, _param("timestamp", "query", "integer", "ms since the epoch", True)],
+            "responses": {"200": _ok({"type": "object", "properties": {
+                "topic": {"type": "string"}, "queue_id": {"type": "integer"},
+                "timestamp": {"type": "integer"},
+                "offset": {"type": "integer", "description": "the first offset stored at or after the time; "
+                                                            "the max offset if none is"}}}),
+                **_errors(400, 404)}}},
         "/groups/{group}/offsets": {
             "post": {"summary": "Commit a consumer offset (clustering; replicated through the log)",
                      "parameters": [GROUP], "requestBody": _body(_ref("OffsetCommit")),

@@ -129,6 +129,14 @@ class _Client:
                 return int(q["min_offset"]), int(q["max_offset"])
         raise MQClientError(f"queue {mq} not found on broker group {mq.broker_name!r}")
 
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        """The first queue offset stored at or after `timestamp_ms` (ms since the epoch); the
+        queue's max offset if none is (RocketMQ searchOffset)."""
+        doc = await self.transport.call(self.routes.group(mq.broker_name), "GET",
+                                        f"/topics/{mq.topic}/queues/{mq.queue_id}/offset",
+                                        params={"timestamp": timestamp_ms})
+        return int(doc["offset"])
+
 
 class AsyncPullConsumer(_Client):
     """Explicit offsets: fetch queues, pull from an offset, commit to the broker if you like."""

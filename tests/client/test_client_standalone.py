@@ -109,6 +109,9 @@ def test_pull_consumer_explicit_offsets_and_commit(node, name):
             r = await pc.pull(mq, 3, 4)
             assert r.status is PullStatus.FOUND and [m.queue_offset for m in r.messages] == [3, 4, 5, 6]
             assert (r.next_offset, r.min_offset, r.max_offset) == (7, 0, 10)
+            assert await pc.search_offset(mq, r.messages[1].store_timestamp) <= 4
+            assert await pc.search_offset(mq, 0) == 0
+            assert await pc.search_offset(mq, r.messages[-1].store_timestamp + 3_600_000) == 10
             tagged = await pc.pull(mq, 0, 32, expression="A")
             assert [m.body for m in tagged.messages] == [f"m{i}".encode() for i in (1, 3, 5, 7, 9)]
             assert (await pc.pull(mq, 10)).status is PullStatus.NO_NEW_MSG

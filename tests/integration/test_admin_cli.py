@@ -121,6 +121,44 @@ def test_skip_accumulated_message_and_clone_group_offset(node):
     assert status == 400 and "timestamp" in err["message"]
 
 
+def test_print_msg_prints_each_queue_within_a_store_time_range_and_tags(node):
+    p = node.port
+    assert http(p, "POST", "/topics", {"topic": "Printed", "queues": 2})[0] == 200
+    assert http(p, "POST", "/topics/Printed/messages", {"messages": [
+        {"body": f"early{i}", "queue_id": 0, "tags": "TagA" if i % 2 else "TagB"} for i in range(4)]})[0] == 200
+    wait_dispatched(p, "Printed", 0, 4)
+    early = http(p, "GET", "/topics/Printed/queues/0/messages?offset=0&max=4")[1]["messages"]
+    time.sleep(0.05)
+    assert http(p, "POST", "/topics/Printed/messages", {"messages": [
+        {"body": f"late{i}", "queue_id": 0, "tags": "TagA"} for i in range(3)]})[0] == 200
+    wait_dispatched(p, "Printed", 0, 7)
+    late_ts = http(p, "GET", "/topics/Printed/queues/0/messages/4")[1]["store_timestamp"]
+    assert late_ts > early[-1]["store_timestamp"]
+
+    out = io.StringIO()
+    assert cli.main(["printMsg", "-n", f"127.0.0.1:{p}", "-t", "Printed"], out=out) == 0
+    text = out.getvalue()
+    assert [line.split(" BODY: ")[1] for line in text.splitlines() if line.startswith("MSGID: ")] == [
+        "early0", "early1", "early2", "early3", "late0", "late1", "late2"]
+    assert "minOffset=0, maxOffset=7, MessageQueue [topic=Printed" in text and "minOffset=0, maxOffset=0," in text
+
+    doc = run(p, "printMsg", "-t", "Printed", "-b", str(late_ts))
+    assert [m["body"] for m in doc["queues"][0]["messages"]] == ["late0", "late1", "late2"]
+    doc = run(p, "printMsg", "-t", "Printed", "-e", str(late_ts), "-s", "TagA")
+    assert [m["body"] for m in doc["queues"][0]["messages"]] == ["early1", "early3"]
+    out = io.StringIO()
+    assert cli.main(["printMsg", "-n", f"127.0.0.1:{p}", "-t", "Printed", "-d", "false", "-b", str(late_ts)],
+                    out=out) == 0
+    assert out.getvalue().count("BODY: NOT PRINT BODY") == 3
+
+    assert http(p, "GET", f"/topics/Printed/queues/0/offset?timestamp={late_ts}")[1]["offset"] == 4
+    assert http(p, "GET", f"/topics/Printed/queues/0/offset?timestamp={late_ts * 2}")[1]["offset"] == 7
+    assert http(p, "GET", "/topics/Printed/queues/0/offset?timestamp=0")[1]["offset"] == 0
+    assert http(p, "GET", "/topics/Printed/queues/0/offset")[0] == 400
+    assert http(p, "GET", "/topics/Printed/queues/9/offset?timestamp=0")[0] == 400
+    assert http(p, "GET", "/topics/NoSuchTopic/queues/0/offset?timestamp=0")[0] == 404
+
+
 def test_stats_all_counts_what_was_sent_and_what_a_group_pulled(node):
     p = node.port
     assert http(p, "POST", "/topics", {"topic": "Counted", "queues": 2})[0] == 200

@@ -82,6 +82,14 @@ ANSWERS = {
     ("GET", "/topics/TopicTest/queues/0/messages/17"): MESSAGE,
     ("GET", "/topics/TopicTest/messages?key=order-1&max=32"): {"messages": [MESSAGE]},
     ("GET", f"/topics/TopicTest/messages?key={UNIQ_MESSAGE['msg_id']}&max=32"): {"messages": [UNIQ_MESSAGE]},
+    ("GET", f"/topics/TopicTest/queues/0/offset?timestamp={T0 - 60_000}"): {"offset": 17},
+    ("GET", f"/topics/TopicTest/queues/0/offset?timestamp={T0}"): {"offset": 19},
+    ("GET", f"/topics/TopicTest/queues/1/offset?timestamp={T0 - 60_000}"): {"offset": 10},
+    ("GET", f"/topics/TopicTest/queues/1/offset?timestamp={T0}"): {"offset": 10},
+    ("GET", "/topics/TopicTest/queues/0/messages?offset=17&max=32&tags=%2A"): {
+        "status": "FOUND", "next_offset": 20, "min_offset": 0, "max_offset": 120, "messages": [
+            MESSAGE, {**UNIQ_MESSAGE, "queue_offset": 18, "commitlog_offset": 7000, "body": "world"},
+            {**MESSAGE, "queue_offset": 19, "commitlog_offset": 7300}]},
 }
 
 CASES = {
@@ -103,6 +111,7 @@ CASES = {
     "queryMsgByOffset": ["queryMsgByOffset", "-t", "TopicTest", "-q", "0", "-o", "17"],
     "queryMsgByKey": ["queryMsgByKey", "-t", "TopicTest", "-k", "order-1"],
     "queryMsgByUniqueKey": ["queryMsgByUniqueKey", "-t", "TopicTest", "-i", "0A0000010B1C18B4AAC2627A51B40000"],
+    "printMsg": ["printMsg", "-t", "TopicTest", "-b", str(T0 - 60_000), "-e", str(T0)],
     "consumerProgress_group.json": ["consumerProgress", "-g", "please_rename_unique_group_name", "--json"],
 }
 
