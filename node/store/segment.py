@@ -383,6 +383,22 @@ class SegmentedFile:
             self.flushed = min(self.flushed, offset)
             self._uncached = min(self._uncached, offset)
 
+    def rewrite(self, offset: int, data: bytes) -> bytes | None:
+        """Overwrite bytes already written at `offset`, within one file (an in-place repair),
+        fsync that file and return what reads back there; None when no open file holds the
+        range any more (cut or reset meanwhile). Under the lock that closing a file takes, as
+        a flush is, so it may run on a worker thread. OSError from the write or the fsync."""
+        with self._io:
+            seg = None if self._closed else self.segment_for(offset)
+            if seg is None or offset + len(data) > seg.end:
+                return None
+            try:
+                seg.handle.pwrite(data, offset - seg.base)
+                seg.handle.fsync()
+            finally:
+                self.forget_fetched()      # a cold-read fetch may hold the old bytes
+            return self._read(offset, len(data))
+
     def truncate(self, offset: int) -> TruncateReport:
         """Durably drop every byte at or past `offset` (zeroed, later files deleted)."""
         return self.detach_tail(offset).make_durable()

@@ -301,6 +301,59 @@ def test_recovery_keeps_a_committed_entry_with_a_flipped_body_and_marks_it(tmp_p
     s2.close()
 
 
+def test_regression_a_repair_never_waits_on_the_event_loop_for_a_flush(tmp_path):
+    """Random-fault run (DLedger seed 554): the event loop stalled 2,306 ms in a repair. Its
+    in-place write waited for the store's flush lock, which a flush holds across its fsync
+    (slow on that disk), and then fsynced itself, both on the loop. Now a worker does both;
+    the loop runs on meanwhile, and the entry is repaired once the flush is done."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from dledger import repair as R
+    s = dledger_store(tmp_path)
+    pos = s.append(entries(1, 30))
+    s.flush()
+    s.checkpoint(30)
+    s.close()
+    path = os.path.join(s.data.directory, f"{0:020d}")
+    pristine = open(path, "rb").read()
+    flip(path, pos[9] + E.HEADER_SIZE + 7)
+    s2 = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=DSEG, index_segment_size=32 * 64)
+    s2.recover()
+    rec = s2.entry_at(10)
+    repaired = []
+    dlog = SimpleNamespace(store=s2, _leader_id="n1", on_repaired=lambda r, rec, raw, how: repaired.append(r))
+    repairer = R.Repairer(dlog, SimpleNamespace(ranges=lambda: []), ["n1"])
+
+    async def answer(peer, index, count=1):
+        return pristine[rec.pos:rec.end]
+    repairer.fetch = answer
+
+    async def go() -> float:
+        s2.flush_lock.acquire()             # a flush in its fsync ...
+        threading.Timer(1.0, s2.flush_lock.release).start()    # ... for a second
+        longest, stop = 0.0, asyncio.Event()
+
+        async def ticker():
+            nonlocal longest
+            last = time.monotonic()
+            while not stop.is_set():
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                longest, last = max(longest, now - last), now
+        t = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0.05)           # the ticker runs
+        assert await repairer._repair_one(SimpleNamespace(index=10))
+        stop.set()
+        await t
+        return longest
+    longest = asyncio.run(go())
+    assert longest < 0.5, f"the event loop stalled {longest:.3f} s behind the flush"
+    assert repaired and open(path, "rb").read() == pristine
+    s2.close()
+
+
 def test_a_flipped_body_above_the_durable_mark_is_still_cut_as_a_torn_tail(tmp_path):
     s = dledger_store(tmp_path)
     pos = s.append(entries(1, 30))
