@@ -6,7 +6,7 @@
     mqstore queryMsgByOffset -t T -q 0 -o 5 | printMsg -t T [-b TIME -e TIME]
     mqstore brokerStatus | send -t T -b hello | pull -t T -q 0 -o 0
     mqstore clusterList | topicRoute -t T | deleteTopic -t T | getBrokerConfig
-    mqstore consumerProgress [-g G] | resetOffsetByTime -g G -t T -s now
+    mqstore consumerProgress [-g G] | consumerConnection -g G | resetOffsetByTime -g G -t T -s now
     mqstore deleteExpiredCommitLog [--all]
 Every admin verb takes `-n host:port` (default 127.0.0.1:10911) and `--json` for scripts.
 Tables use mqadmin's columns so existing habits and scripts carry over.
@@ -357,18 +357,29 @@ def consumer_progress_table(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
+def _version_key(version: str) -> tuple:
+    """`0.10.2` sorts after `0.9.1`; a part that is no number sorts by its text."""
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in version.split("."))
+
+
 def consumer_groups_table(progress: list[dict]) -> str:
     """mqadmin consumerProgress without -g: one row per group. #Count is the live members (None:
-    the node could not say, shown N/A); a group without members is OFFLINE, as in mqadmin. Members
-    heartbeat only in clustering mode and send no client version, so #Version is N/A."""
+    the node could not say, shown N/A); a group without members is OFFLINE, as in mqadmin.
+    #Version is the lowest client version the members' heartbeats give (N/A: none gives one),
+    #Type PUSH or PULL and #Model as they give them. Members heartbeat in clustering mode only."""
     out = ["%-64s  %-6s  %-24s %-5s  %-14s  %-7s  %s" % ("#Group", "#Count", "#Version", "#Type", "#Model",
                                                           "#TPS", "#Diff Total")]
     for p in progress:
         members = p.get("members")
         count = "N/A" if members is None else str(len(members))
-        version = "N/A" if members is None else ("OFFLINE" if not members else "N/A")
-        model = "CLUSTERING" if members else ""
-        out.append("%-64s  %-6s  %-24s %-5s  %-14s  %-7d  %d" % (p["group"][:64], count, version, "", model,
+        versions = [m["version"] for m in members or () if m.get("version")]
+        version = "N/A" if members is None else ("OFFLINE" if not members else
+                                                 min(versions, key=_version_key) if versions else "N/A")
+        said = [m.get("consume_type") for m in members or () if m.get("consume_type")]
+        kind = {"CONSUME_PASSIVELY": "PUSH", "CONSUME_ACTIVELY": "PULL"}.get(said[0], "") if said else ""
+        models = [m.get("message_model") for m in members or () if m.get("message_model")]
+        model = models[0] if models else ("CLUSTERING" if members else "")
+        out.append("%-64s  %-6s  %-24s %-5s  %-14s  %-7d  %d" % (p["group"][:64], count, version, kind, model,
                                                                   int(p.get("consume_tps", 0)), p["diff_total"]))
     return "\n".join(out) + "\n"
 
@@ -582,6 +593,33 @@ def cmd_stats_all(a) -> tuple[Any, str]:
         raise CliError(f"no member of the group of {a.endpoint} answered")
     doc = merge_stats(docs, first)
     return doc, stats_all_table(doc, a.active_topic)
+
+
+def consumer_connection_text(group: str, members: list[dict]) -> str:
+    """mqadmin consumerConnection (RocketMQ 5's columns): one row per live member, the group's
+    subscriptions over every member, then the consume type, message model and where a new
+    queue starts, as the members' heartbeats give them."""
+    if not members:
+        raise CliError(f"the consumer group[{group}] not online")
+    out = ["%-36s %-22s %-10s %s" % ("#ClientId", "#ClientAddr", "#Language", "#Version")]
+    out += ["%-36s %-22s %-10s %s" % (m["client_id"], m.get("addr") or "-", m.get("language") or "-",
+                                      m.get("version") or "-") for m in members]
+    subs: dict[str, str] = {}
+    for m in members:
+        for topic in m.get("topics", ()):
+            subs.setdefault(topic, (m.get("subscriptions") or {}).get(topic, "*"))
+    out += ["", "Below is subscription:", "%-20s %s" % ("#Topic", "#SubExpression")]
+    out += ["%-20s %s" % (t, subs[t]) for t in sorted(subs)]
+    said = {k: next((m[k] for m in members if m.get(k)), "-")
+            for k in ("consume_type", "message_model", "consume_from_where")}
+    out += ["", f"ConsumeType: {said['consume_type']}", f"MessageModel: {said['message_model']}",
+            f"ConsumeFromWhere: {said['consume_from_where']}"]
+    return "\n".join(out) + "\n"
+
+
+def cmd_consumer_connection(a) -> tuple[Any, str]:
+    doc = call(a.endpoint, "GET", f"/groups/{q(a.group)}/members")
+    return doc, consumer_connection_text(a.group, doc["members"])
 
 
 def cmd_reset_offset_by_time(a) -> tuple[Any, str]:
@@ -807,6 +845,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = _admin(sub, "consumerProgress", cmd_consumer_progress, "consumer offsets and lag (all groups without -g)")
     p.add_argument("-g", "--group")
     p.add_argument("-t", "--topic")
+    p = _admin(sub, "consumerConnection", cmd_consumer_connection,
+               "a consumer group's live members: address, language, version, subscriptions")
+    p.add_argument("-g", "--group", required=True)
     p = _admin(sub, "resetOffsetByTime", cmd_reset_offset_by_time, "move a group's offsets to a store time")
     p.add_argument("-g", "--group", required=True)
     p.add_argument("-t", "--topic", required=True)

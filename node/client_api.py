@@ -5,8 +5,11 @@
 and transactional messages in the half topic; `CLIENT_ROUTES` are their REST handlers
 (added to the node's app by node/api.py):
 
-  POST   /groups/{group}/heartbeat            {client_id, topics, ttl_ms?} -> {group, members: {topic: [ids]}}
-  GET    /groups/{group}/members               -> {group, members: [{client_id, topics, expires_in_ms}]}
+  POST   /groups/{group}/heartbeat            {client_id, topics, ttl_ms?, subscriptions?, consume_type?,
+                                               message_model?, consume_from_where?, language?, version?}
+                                               -> {group, members: {topic: [ids]}}
+  GET    /groups/{group}/members               -> {group, members: [{client_id, topics, expires_in_ms, addr,
+                                               language, version, subscriptions, consume_type, ...}]}
   DELETE /groups/{group}/members/{client_id}   -> {group, client_id, removed}
   POST   /groups/{group}/lock                 {client_id, queues: [{topic, queue_id}]}
                                                -> {group, locked: [...], expires_in_ms, retry_after_ms}
@@ -95,7 +98,10 @@ async def heartbeat(request: web.Request) -> web.Response:
     _writable(request)
     doc = await read_doc(request)
     group = check_group(request.match_info["group"])
-    members = _services(request).groups.heartbeat(group, doc.get("client_id"), doc.get("topics"), doc.get("ttl_ms"))
+    peer = request.transport.get_extra_info("peername") if request.transport is not None else None
+    addr = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else ""
+    members = _services(request).groups.heartbeat(group, doc.get("client_id"), doc.get("topics"), doc.get("ttl_ms"),
+                                                  doc, addr)
     return reply(request, {"group": group, "members": members})
 
 

@@ -53,11 +53,59 @@ def dlq_topic(group: str) -> str:
     return DLQ_PREFIX + group
 
 
+CONSUME_TYPES = ("CONSUME_PASSIVELY", "CONSUME_ACTIVELY")
+MESSAGE_MODELS = ("CLUSTERING", "BROADCASTING")
+CONSUME_FROM = ("CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_TIMESTAMP")
+MAX_EXPRESSION_CHARS = 4096     # a subscription's expression (`TagA || TagB`)
+MAX_LABEL_CHARS = 32            # language, version
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """What a member's heartbeat says of itself, for consumerConnection (RocketMQ's
+    HeartbeatData's ConsumerData and the connection's language and version). All optional:
+    a beat without them says nothing of them."""
+
+    subscriptions: tuple[tuple[str, str], ...] = ()     # (topic, expression), sorted
+    consume_type: str = ""
+    message_model: str = ""
+    consume_from_where: str = ""
+    language: str = ""
+    version: str = ""
+    addr: str = ""              # the beat's source address, as the node saw it
+
+    @classmethod
+    def parse(cls, doc: dict, topics: frozenset[str], addr: str) -> "ClientInfo":
+        from node.store.errors import BadRequest
+        subs = doc.get("subscriptions") or {}
+        if not isinstance(subs, dict) or not all(
+                isinstance(t, str) and t in topics and isinstance(e, str) and len(e) <= MAX_EXPRESSION_CHARS
+                for t, e in subs.items()):
+            raise BadRequest(f"subscriptions must map topics of `topics` to expressions of at most "
+                             f"{MAX_EXPRESSION_CHARS} chars")
+
+        def one_of(name: str, allowed: tuple[str, ...]) -> str:
+            value = doc.get(name) or ""
+            if value and value not in allowed:
+                raise BadRequest(f"{name} must be one of {', '.join(allowed)}")
+            return value
+
+        def label(name: str) -> str:
+            value = doc.get(name) or ""
+            if not isinstance(value, str) or len(value) > MAX_LABEL_CHARS or not value.isprintable():
+                raise BadRequest(f"{name} must be printable, at most {MAX_LABEL_CHARS} chars")
+            return value
+        return cls(tuple(sorted(subs.items())), one_of("consume_type", CONSUME_TYPES),
+                   one_of("message_model", MESSAGE_MODELS), one_of("consume_from_where", CONSUME_FROM),
+                   label("language"), label("version"), addr)
+
+
 @dataclass(slots=True)
 class Member:
     client_id: str
     topics: frozenset[str]
     expires_at: float           # monotonic seconds
+    info: ClientInfo = ClientInfo()
 
 
 class ConsumerGroups:
@@ -79,7 +127,10 @@ class ConsumerGroups:
             self.groups.pop(group, None)
         return members
 
-    def heartbeat(self, group: str, client_id: Any, topics: Any, ttl_ms: Any) -> dict[str, list[str]]:
+    def heartbeat(self, group: str, client_id: Any, topics: Any, ttl_ms: Any, client: dict | None = None,
+                  addr: str = "") -> dict[str, list[str]]:
+        """A member's beat. `client`: the rest of its heartbeat document (ClientInfo's fields);
+        `addr`: where it came from."""
         from node.broker import check_int, check_user_topic
         from node.store.errors import BadRequest
         if not isinstance(client_id, str) or not client_id or len(client_id) > MAX_CLIENT_ID_CHARS:
@@ -88,6 +139,7 @@ class ConsumerGroups:
             raise BadRequest(f"topics must be a list of at most {MAX_TOPICS_PER_MEMBER} topic names")
         names = frozenset(check_user_topic(t) for t in topics)
         ttl = check_int("ttl_ms", TTL_MS_DEFAULT if ttl_ms is None else ttl_ms, *TTL_MS_RANGE)
+        info = ClientInfo.parse(client or {}, names, addr)
         members = self._expire(group)
         if group not in self.groups:
             if self.admit is not None:
@@ -96,7 +148,7 @@ class ConsumerGroups:
                 raise BadRequest(f"too many consumer groups (limit {MAX_GROUPS})")
         if client_id not in members and len(members) >= MAX_MEMBERS_PER_GROUP:
             raise BadRequest(f"group {group!r} has {MAX_MEMBERS_PER_GROUP} members; the limit is reached")
-        members[client_id] = Member(client_id, names, self.clock() + ttl / 1000.0)
+        members[client_id] = Member(client_id, names, self.clock() + ttl / 1000.0, info)
         self.groups[group] = members
         return {t: self.members_of(group, t) for t in sorted(names)}
 
@@ -114,7 +166,10 @@ class ConsumerGroups:
     def describe(self, group: str) -> list[dict[str, Any]]:
         now = self.clock()
         return [{"client_id": m.client_id, "topics": sorted(m.topics),
-                 "expires_in_ms": int((m.expires_at - now) * 1000)}
+                 "expires_in_ms": int((m.expires_at - now) * 1000), "addr": m.info.addr,
+                 "language": m.info.language, "version": m.info.version,
+                 "subscriptions": dict(m.info.subscriptions), "consume_type": m.info.consume_type,
+                 "message_model": m.info.message_model, "consume_from_where": m.info.consume_from_where}
                 for m in sorted(self._expire(group).values(), key=lambda m: m.client_id)]
 
 

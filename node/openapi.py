@@ -251,7 +251,14 @@ def _schemas() -> dict[str, Any]:
                 "diff": integer, "last_timestamp": integer}}}}},
         "Heartbeat": {"type": "object", "required": ["client_id", "topics"], "properties": {
             "client_id": string, "topics": {"type": "array", "items": string},
-            "ttl_ms": {"type": "integer", "description": "membership expires this long after the beat (1000..300000)"}}},
+            "ttl_ms": {"type": "integer", "description": "membership expires this long after the beat (1000..300000)"},
+            "subscriptions": {"type": "object", "additionalProperties": string,
+                              "description": "topic (of `topics`) -> expression, for consumerConnection"},
+            "consume_type": {"type": "string", "enum": ["CONSUME_PASSIVELY", "CONSUME_ACTIVELY"]},
+            "message_model": {"type": "string", "enum": ["CLUSTERING", "BROADCASTING"]},
+            "consume_from_where": {"type": "string", "enum": ["CONSUME_FROM_LAST_OFFSET", "CONSUME_FROM_FIRST_OFFSET",
+                                                              "CONSUME_FROM_TIMESTAMP"]},
+            "language": {"type": "string", "maxLength": 32}, "version": {"type": "string", "maxLength": 32}}},
         "SendBack": {"type": "object", "required": ["offset_msg_id"], "properties": {
             "offset_msg_id": string,
             "delay_level": {"type": "integer", "description": "0: 3 + reconsume_times; -1: straight to the DLQ"},

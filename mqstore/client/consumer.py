@@ -41,6 +41,7 @@ import socket
 import time
 from typing import Any, Callable, Sequence
 
+from mqstore import __version__
 from mqstore.client.errors import MQBrokerError, MQClientError, MQConfigError
 from mqstore.client.message import (PROPERTY_RETRY_TOPIC, RETRY_PREFIX, ConsumeFromWhere, ConsumeStatus, MessageExt,
                                     MessageModel, MessageQueue, PullResult, PullStatus)
@@ -358,13 +359,15 @@ class AsyncConsumer(_Client):
 
     async def _heartbeat(self) -> dict[str, dict[str, list[str]]]:
         """Beat to every broker group; broker name -> topic -> member ids."""
-        topics = sorted(self._all_subscriptions())
+        subs = self._all_subscriptions()
         ttl = int(min(300_000, max(1_000, self.heartbeat_interval_s * 3000)))
+        beat = {"client_id": self.client_id, "topics": sorted(subs), "ttl_ms": ttl, "subscriptions": subs,
+                "consume_type": "CONSUME_PASSIVELY", "message_model": self.message_model.value,
+                "consume_from_where": self.consume_from_where.value, "language": "PYTHON", "version": __version__}
         out = {}
         for name, g in sorted(self.routes.groups.items()):
             try:
-                doc = await self.transport.call(g, "POST", f"/groups/{self.group}/heartbeat",
-                                                {"client_id": self.client_id, "topics": topics, "ttl_ms": ttl})
+                doc = await self.transport.call(g, "POST", f"/groups/{self.group}/heartbeat", beat)
             except MQClientError as e:
                 log.info("consumer %s: heartbeat to %s failed: %s", self.client_id, name, e)
                 continue

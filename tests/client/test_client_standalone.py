@@ -226,6 +226,56 @@ def test_async_iteration_and_reconsume_later(node, name):
     run(go())
 
 
+def test_consumer_connection_shows_each_member_as_its_heartbeat_describes_it(node, name):
+    import io
+
+    from mqstore import __version__, cli
+    topic, group = name(), name("G")
+
+    def admin(*argv: str) -> str:
+        out = io.StringIO()
+        assert cli.main([*argv, "-n", node.addr], out=out) == 0
+        return out.getvalue()
+
+    async def go():
+        await make_topic(node.addr, topic, 2)
+        got = asyncio.Event()
+        async with AsyncProducer(brokers=node.addr) as p:
+            await p.send(Message(topic, "m", tags="TagA"))
+
+        async def listener(msgs):
+            got.set()
+            return ConsumeStatus.CONSUME_SUCCESS
+        async with AsyncConsumer(group, brokers=node.addr, topics={topic: "TagA || TagB"}, instance_name="cc1",
+                                 consume_from_where="CONSUME_FROM_FIRST_OFFSET", listener=listener,
+                                 long_poll_ms=200) as c:
+            await asyncio.wait_for(got.wait(), 10)
+            await eventually_async(c.commit, lambda n: n >= 1)     # the group is listed once it has an offset
+            text = await asyncio.to_thread(admin, "consumerConnection", "-g", group)
+            row = next(line.split() for line in text.splitlines() if line.startswith(c.client_id))
+            assert row[1].startswith("127.0.0.1:") and row[2:] == ["PYTHON", __version__]
+            assert f"{topic:<20} TagA || TagB" in text.splitlines()
+            assert f"%RETRY%{group}" in text
+            assert text.endswith("ConsumeType: CONSUME_PASSIVELY\nMessageModel: CLUSTERING\n"
+                                 "ConsumeFromWhere: CONSUME_FROM_FIRST_OFFSET\n")
+            listing = await asyncio.to_thread(admin, "consumerProgress")
+            assert [line.split()[1:5] for line in listing.splitlines() if line.startswith(group)] == [
+                ["1", __version__, "PUSH", "CLUSTERING"]]
+        assert "not online" in await asyncio.to_thread(_cli_error, node.addr, group)
+    run(go())
+
+
+def _cli_error(addr: str, group: str) -> str:
+    import contextlib
+    import io
+
+    from mqstore import cli
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert cli.main(["consumerConnection", "-g", group, "-n", addr], out=io.StringIO()) == 1
+    return err.getvalue()
+
+
 def test_failed_message_retries_16_times_then_lands_in_dlq(node, name):
     topic, group, other = name(), name("G"), name("G")
 

@@ -139,6 +139,29 @@ def test_group_heartbeat_rejects_bad_input():
         g.heartbeat("G", "c", ["RMQ_SYS_TRANS_HALF_TOPIC"], None)
 
 
+def test_group_heartbeat_keeps_what_the_member_says_of_itself_and_checks_it():
+    from node.store.errors import BadRequest
+    g = ConsumerGroups()
+    said = {"subscriptions": {"T": "TagA || TagB"}, "consume_type": "CONSUME_PASSIVELY",
+            "message_model": "CLUSTERING", "consume_from_where": "CONSUME_FROM_FIRST_OFFSET",
+            "language": "PYTHON", "version": "0.1.0"}
+    g.heartbeat("G", "c1", ["T", "U"], None, said, "10.0.0.1:5000")
+    g.heartbeat("G", "c0", ["T"], None)            # an older client says nothing of itself
+    c0, c1 = g.describe("G")
+    assert c1 == {"client_id": "c1", "topics": ["T", "U"], "expires_in_ms": c1["expires_in_ms"],
+                  "addr": "10.0.0.1:5000", **said}
+    assert (c0["addr"], c0["language"], c0["subscriptions"], c0["consume_type"]) == ("", "", {}, "")
+    for bad, match in (({"subscriptions": {"V": "*"}}, "subscriptions"),           # not a topic it beats for
+                       ({"subscriptions": {"T": "x" * 5000}}, "subscriptions"),
+                       ({"consume_type": "CONSUME_SOMEHOW"}, "consume_type"),
+                       ({"message_model": "clustering"}, "message_model"),
+                       ({"consume_from_where": 3}, "consume_from_where"),
+                       ({"language": "P\nY"}, "language"), ({"version": "v" * 33}, "version")):
+        with pytest.raises(BadRequest, match=match):
+            g.heartbeat("G", "c1", ["T", "U"], None, bad)
+    assert g.describe("G")[1]["consume_from_where"] == "CONSUME_FROM_FIRST_OFFSET"   # a refused beat changed nothing
+
+
 def test_openapi_documents_the_client_routes():
     from node.client_api import CLIENT_ROUTES
     from node.openapi import openapi_document

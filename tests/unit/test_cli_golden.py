@@ -61,9 +61,16 @@ ANSWERS = {
     ("GET", "/groups/please_rename_unique_group_name/progress"): PROGRESS,
     ("GET", "/groups/please_rename_unique_group_name/members"): {
         "group": "please_rename_unique_group_name", "members": [
-            {"client_id": "192.168.0.8@5151#2", "topics": ["TopicTest"], "expires_in_ms": 14000},
+            {"client_id": "192.168.0.8@5151#2", "topics": ["TopicTest"], "expires_in_ms": 14000,
+             "addr": "192.168.0.8:51034", "language": "PYTHON", "version": "0.1.0",
+             "subscriptions": {"TopicTest": "TagA || TagB"}, "consume_type": "CONSUME_PASSIVELY",
+             "message_model": "CLUSTERING", "consume_from_where": "CONSUME_FROM_LAST_OFFSET"},
             {"client_id": "192.168.0.7@4242#1", "topics": ["TopicTest"], "expires_in_ms": 9000},
-            {"client_id": "192.168.0.9@6161#3", "topics": ["Orders"], "expires_in_ms": 12000}]},
+            {"client_id": "192.168.0.9@6161#3", "topics": ["Orders", "%RETRY%please_rename_unique_group_name"],
+             "expires_in_ms": 12000, "addr": "192.168.0.9:40022", "language": "PYTHON", "version": "0.1.0",
+             "subscriptions": {"Orders": "*", "%RETRY%please_rename_unique_group_name": "*"},
+             "consume_type": "CONSUME_PASSIVELY", "message_model": "CLUSTERING",
+             "consume_from_where": "CONSUME_FROM_LAST_OFFSET"}]},
     ("POST", f"/groups/please_rename_unique_group_name/offsets/reset?topic=TopicTest&timestamp={T0}"): {
         "group": "please_rename_unique_group_name", "topic": "TopicTest", "timestamp": T0,
         "broker_name": "broker-a", "queues": [{"queue_id": 0, "offset": 93}, {"queue_id": 1, "offset": 10}]},
@@ -111,6 +118,7 @@ CASES = {
     "queryMsgByOffset": ["queryMsgByOffset", "-t", "TopicTest", "-q", "0", "-o", "17"],
     "queryMsgByKey": ["queryMsgByKey", "-t", "TopicTest", "-k", "order-1"],
     "queryMsgByUniqueKey": ["queryMsgByUniqueKey", "-t", "TopicTest", "-i", "0A0000010B1C18B4AAC2627A51B40000"],
+    "consumerConnection": ["consumerConnection", "-g", "please_rename_unique_group_name"],
     "printMsg": ["printMsg", "-t", "TopicTest", "-b", str(T0 - 60_000), "-e", str(T0)],
     "consumerProgress_group.json": ["consumerProgress", "-g", "please_rename_unique_group_name", "--json"],
 }
