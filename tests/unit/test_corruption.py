@@ -267,9 +267,11 @@ def entries(first: int, n: int) -> list[Entry]:
     return [Entry(i, 1, EntryType.NORMAL, bytes([i % 251]) * 300) for i in range(first, first + n)]
 
 
-def test_recovery_keeps_a_committed_entry_with_a_flipped_body_and_marks_it(tmp_path):
-    from dledger.repair import check_fetched, write_in_place, RepairError
-    s = dledger_store(tmp_path)
+def committed_with_a_flipped_body(root) -> tuple[EntryStore, list[int], str, bytes]:
+    """Entries 1..30 committed and closed, then a bit of entry 10's body flipped on disk:
+    (the store reopened, not recovered yet; the entries' positions; the data file; its
+    bytes before the flip)."""
+    s = dledger_store(root)
     pos = s.append(entries(1, 30))
     s.flush()
     s.checkpoint(30)
@@ -277,7 +279,13 @@ def test_recovery_keeps_a_committed_entry_with_a_flipped_body_and_marks_it(tmp_p
     path = os.path.join(s.data.directory, f"{0:020d}")
     pristine = open(path, "rb").read()
     flip(path, pos[9] + E.HEADER_SIZE + 7)
-    s2 = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=DSEG, index_segment_size=32 * 64)
+    return (EntryStore(FileSystem(), str(root), "n0", data_segment_size=DSEG, index_segment_size=32 * 64), pos,
+            path, pristine)
+
+
+def test_recovery_keeps_a_committed_entry_with_a_flipped_body_and_marks_it(tmp_path):
+    from dledger.repair import check_fetched, write_in_place, RepairError
+    s2, pos, path, pristine = committed_with_a_flipped_body(tmp_path)
     rep = s2.recover()
     assert rep.cut_at_index is None and rep.last_index == 30 and not rep.lost_durable, "nothing committed is cut"
     assert list(s2.damaged) == [10]
@@ -311,15 +319,7 @@ def test_regression_a_repair_never_waits_on_the_event_loop_for_a_flush(tmp_path)
     from types import SimpleNamespace
 
     from dledger import repair as R
-    s = dledger_store(tmp_path)
-    pos = s.append(entries(1, 30))
-    s.flush()
-    s.checkpoint(30)
-    s.close()
-    path = os.path.join(s.data.directory, f"{0:020d}")
-    pristine = open(path, "rb").read()
-    flip(path, pos[9] + E.HEADER_SIZE + 7)
-    s2 = EntryStore(FileSystem(), str(tmp_path), "n0", data_segment_size=DSEG, index_segment_size=32 * 64)
+    s2, _pos, path, pristine = committed_with_a_flipped_body(tmp_path)
     s2.recover()
     rec = s2.entry_at(10)
     repaired = []
