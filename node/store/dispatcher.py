@@ -291,6 +291,8 @@ class Dispatcher:
         thread while dispatch waits for it. The checkpoint is then lowered to `rewind_to` if
         it was past it, and a flush staged before this saves none. Returns the units dropped."""
         dropped, tails = self.cq_store.detach_past_physical(end_phys)
+        if self.index is not None:
+            self.index.log_cut_at(end_phys)
         if rewind_to is not None:
             self.position = min(self.position, rewind_to)
             self.flushed_position = min(self.flushed_position, rewind_to)

@@ -513,6 +513,13 @@ class IndexService:
         self._built_below = phy_offset + 1
         return len(words)
 
+    def log_cut_at(self, phy_offset: int) -> None:
+        """The log was cut at `phy_offset` (a slave's truncation, a reset): messages written
+        there from now on are new ones, indexed whatever the entries of the old ones say."""
+        self._built_below = min(self._built_below, phy_offset)
+        if self.redispatch_from is not None:
+            self.redispatch_from = min(self.redispatch_from, phy_offset)
+
     def write_pending(self) -> None:
         if self.files and self.files[-1].writable:
             self.files[-1].write_pending()

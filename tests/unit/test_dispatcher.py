@@ -577,6 +577,32 @@ def test_regression_the_final_flush_at_stop_does_not_hold_the_event_loop(tmp_pat
     assert committed == end
 
 
+def test_regression_messages_written_over_a_cut_log_are_indexed(tmp_path):
+    """A slave's truncation rewinds dispatch; the new master's messages then come at the
+    offsets the cut ones had. The index skipped every message below the newest entry of
+    its files that was also below the checkpoint of the node's start: the new messages
+    there were never indexed, and a query by key missed them."""
+    async def scenario() -> None:
+        log = FakeLog()
+        for i in range(12):
+            log.append("T", 0, keys=f"old{i}")
+        s = Store(log, tmp_path, flush_interval_ms=60_000)
+        s.recover(log)
+        s.index.redispatch_from = log.end_physical       # as after a start whose checkpoint is past the cut
+        s.d.start()
+        await until(lambda: s.d.position == log.end)
+        log.truncate(5)
+        s.d.cut_queues(log.end_physical, rewind_to=log.end)
+        for i in range(5, 12):
+            log.append("T", 0, keys=f"new{i}")
+        await until(lambda: s.d.position == log.end)
+        for i in range(5, 12):
+            assert s.index.query("T", f"new{i}", 0, 2**62, 4) == [log.records[i][0]], i
+        await s.d.stop()
+        s.close()
+    asyncio.run(scenario())
+
+
 def test_regression_cut_queues_makes_its_cuts_durable_off_the_event_loop(tmp_path):
     """After a slave's truncation (and a DLedger reset) every consume queue was cut on the
     event loop, a truncate and an fsync per queue: seconds with a few hundred queues on a slow
