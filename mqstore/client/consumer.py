@@ -10,7 +10,9 @@ Push consumer (`AsyncConsumer`), RocketMQ's DefaultMQPushConsumer on HTTP long p
   (`POST /groups/{g}/retry`): it returns from `%RETRY%<group>`, which every member also
   subscribes to, after the next delay level, with reconsume_times raised; after
   `max_reconsume_times` (16) it goes to `%DLQ%<group>`.
-- Broadcasting: every consumer takes every queue; offsets in a local `offsets.json`.
+- Broadcasting: every consumer takes every queue; offsets in a local `offsets.json`. Its
+  members heartbeat too (the broker lists them: consumerConnection), but take no part in a
+  split of the queues.
 - The committed offset of a queue is the lowest offset still being consumed (a message that
   fails never lets the offset pass it), so consumption is at-least-once.
 - Flow control: a queue is not pulled while it holds `pull_threshold_for_queue` (1000)
@@ -328,8 +330,7 @@ class AsyncConsumer(_Client):
         if self.orderly:                        # a listener still running keeps its queue until the lock ends
             await self._unlock([mq for mq, pq in self.process_queues.items()
                                 if pq.consume_task is None or pq.consume_task.done()])
-        if self.clustering:
-            await self._unregister()
+        await self._unregister()
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         await super().close()
@@ -395,7 +396,7 @@ class AsyncConsumer(_Client):
             except MQBrokerError as e:
                 if e.code != "TOPIC_NOT_EXIST":
                     raise
-        members = await self._heartbeat() if self.clustering else {}
+        members = await self._heartbeat()       # broadcasting members beat too: consumerConnection lists them
         wanted: set[MessageQueue] = set()
         for topic, queues in routed.items():
             if not queues:

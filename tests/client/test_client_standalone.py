@@ -181,6 +181,10 @@ def test_broadcasting_delivers_everything_to_everyone_with_local_offsets(node, n
                                  message_model="BROADCASTING", consume_from_where="CONSUME_FROM_FIRST_OFFSET",
                                  offset_store_dir=str(tmp_path), long_poll_ms=200)
         a, b = await consumer("a").start(), await consumer("b").start()
+        async with AsyncAdmin(brokers=node.addr) as admin:      # both listed, as broadcasting members
+            (members,) = (await admin.group_members(group)).values()
+            assert [(m["client_id"], m["message_model"]) for m in members] == [
+                (a.client_id, "BROADCASTING"), (b.client_id, "BROADCASTING")]
         async with AsyncProducer(brokers=node.addr) as p:
             await p.send_batch([Message(topic, f"m{i}") for i in range(10)], queue=MessageQueue(topic, "broker", 0))
             await p.send_batch([Message(topic, f"n{i}") for i in range(6)], queue=MessageQueue(topic, "broker", 1))
