@@ -366,7 +366,7 @@ def consumer_groups_table(progress: list[dict]) -> str:
     """mqadmin consumerProgress without -g: one row per group. #Count is the live members (None:
     the node could not say, shown N/A); a group without members is OFFLINE, as in mqadmin.
     #Version is the lowest client version the members' heartbeats give (N/A: none gives one),
-    #Type PUSH or PULL and #Model as they give them. Members heartbeat in clustering mode only."""
+    #Type PUSH or PULL and #Model as they give them."""
     out = ["%-64s  %-6s  %-24s %-5s  %-14s  %-7s  %s" % ("#Group", "#Count", "#Version", "#Type", "#Model",
                                                           "#TPS", "#Diff Total")]
     for p in progress:
