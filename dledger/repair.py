@@ -370,9 +370,12 @@ class Repairer:
                 log.warning("repair of entry %d from %s failed: %s", r.index, peer, e)
                 continue
             # On a worker: the write waits for `flush_lock`, which a flush holds across its
-            # fsync (2.3 s on the loop once, on a slow disk), and fsyncs itself.
+            # fsync (2.3 s on the loop once, on a slow disk), and fsyncs itself. Under the
+            # shell's disk gate, as a flush is: a reset's switch or a retention cut on the loop
+            # never waits for this fsync.
             try:
-                await asyncio.to_thread(write_in_place, store, rec, raw)
+                async with self.dlog.node.flushes_held():
+                    await asyncio.to_thread(write_in_place, store, rec, raw)
             except RepairError as e:     # the file was cut or reset meanwhile
                 log.warning("repair of entry %d: %s; left reported", r.index, e)
                 return False

@@ -323,7 +323,9 @@ def test_regression_a_repair_never_waits_on_the_event_loop_for_a_flush(tmp_path)
     s2.recover()
     rec = s2.entry_at(10)
     repaired = []
-    dlog = SimpleNamespace(store=s2, _leader_id="n1", on_repaired=lambda r, rec, raw, how: repaired.append(r))
+    gate = asyncio.Lock()
+    dlog = SimpleNamespace(store=s2, _leader_id="n1", on_repaired=lambda r, rec, raw, how: repaired.append(r),
+                           node=SimpleNamespace(flushes_held=lambda: gate))
     repairer = R.Repairer(dlog, SimpleNamespace(ranges=lambda: []), ["n1"])
 
     async def answer(peer, index, count=1):

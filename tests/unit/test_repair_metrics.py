@@ -37,8 +37,10 @@ def test_repair_counters_follow_the_repairer(tmp_path, monkeypatch):
             assert "rocketmq_store_repaired_entries_total" not in scrape(h.broker)   # no repairer here
             registry = h.broker.corruption
             rec = SimpleNamespace(index=5, size=100, pos=1000)
+            gate = asyncio.Lock()
             dlog = SimpleNamespace(store=SimpleNamespace(entry_at=lambda i: rec), _leader_id="n1",
-                                   on_repaired=lambda r, rec, raw, how: registry.clear(r.start, how))
+                                   on_repaired=lambda r, rec, raw, how: registry.clear(r.start, how),
+                                   node=SimpleNamespace(flushes_held=lambda: gate))
             repairer = R.Repairer(dlog, registry, ["n1", "n2"])
             h.log.repairer = repairer
             registry.report(CorruptRange("seg", 1000, 1100, 1, 2, "scrub", "entry body crc mismatch", 5))
