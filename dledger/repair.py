@@ -55,6 +55,8 @@ MAX_FETCH_ENTRIES = M.MAX_FETCH_ENTRIES  # entries per FetchEntriesResponse
 MAX_FETCH_BYTES = M.MAX_FETCH_BYTES      # bytes per answer (a single larger entry is sent alone)
 FETCH_TIMEOUT_S = 3.0
 RETRY_S = 1.0                           # pause after a round that left damage unrepaired
+GONE_RETRY_S = 60.0                     # an entry every peer has cut: asked again this much later
+GONE_HERE = "gone:"                     # how a refusal says the entry is below the replica's first one
 SERVE_BYTES_PER_S = 32 << 20            # answers to one peer per second; beyond, it is told "busy"
 
 
@@ -195,7 +197,10 @@ class EntryScrubSource:
 def committed_entries_raw(dlog: "DLedgerLog", index: int, count: int) -> bytes:
     """Raw committed entries index.. (at most count / MAX_FETCH_BYTES), each verified here first."""
     store = dlog.store
-    if not store.first_index() <= index <= dlog.commit_index:
+    if index < store.first_index():
+        raise KeyError(f"{GONE_HERE} entry {index} is below this replica's first entry {store.first_index()} "
+                       f"(retention cut it)")
+    if index > dlog.commit_index:
         raise KeyError(f"entry {index} is not a committed entry here ({store.first_index()}..{dlog.commit_index})")
     parts: list[bytes] = []
     used = 0
@@ -219,6 +224,10 @@ def committed_entries_raw(dlog: "DLedgerLog", index: int, count: int) -> bytes:
 # --- repairing -------------------------------------------------------------------------------------
 class RepairError(Exception):
     """A peer's answer could not be used (remote fault); another peer or a later round may do."""
+
+
+class GoneAtPeer(RepairError):
+    """The peer no longer keeps the entry: its retention cut the file holding it."""
 
 
 def check_fetched(raw: bytes, rec: Any) -> None:
@@ -273,6 +282,8 @@ class Repairer:
         # request id -> (peer asked, index asked, future of the answer); one fetch at a time.
         self._waiting: dict[int, tuple[str, int, asyncio.Future]] = {}
         self._served: dict[str, list[float]] = {}     # peer -> [window start, bytes sent in it]
+        # Entries every peer has cut (no copy left anywhere): index -> monotonic time of the next try.
+        self._gone: dict[int, float] = {}
 
     def wake(self) -> None:
         self._wake.set()
@@ -329,16 +340,23 @@ class Repairer:
     # --- repairing -----------------------------------------------------------------------------
     async def run(self) -> None:
         while True:
-            pending = [r for r in self.registry.ranges() if r.index is not None]
-            if not pending:
+            ranges = [r for r in self.registry.ranges() if r.index is not None]
+            for index in set(self._gone) - {r.index for r in ranges}:
+                del self._gone[index]           # repaired, or gone with its file
+            now = time.monotonic()
+            pending = [r for r in ranges if self._gone.get(r.index, 0.0) <= now]   # not waiting out GONE_RETRY_S
+            if not ranges:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
             for r in pending[:MAX_FETCH_ENTRIES]:
                 await self._repair_one(r)
-            if any(r.index is not None for r in self.registry.ranges()):
+            left = [r for r in self.registry.ranges() if r.index is not None]
+            if left:
+                now = time.monotonic()      # until the first range due again (RETRY_S at least)
+                pause = max(self.retry_s, min(self._gone.get(r.index, now) - now for r in left))
                 try:
-                    async with asyncio.timeout(self.retry_s):
+                    async with asyncio.timeout(pause):
                         await self._wake.wait()
                 except TimeoutError:
                     pass
@@ -359,12 +377,20 @@ class Repairer:
         except (KeyError, StoreError) as e:
             log.warning("repair of entry %s: no index record (%s); left reported", r.index, e)
             return False
-        for peer in self.peer_order():
+        peers, gone = self.peer_order(), 0
+        for peer in peers:
             try:
                 raw = await self.fetch(peer, r.index)
                 if len(raw) > max(rec.size, MAX_FETCH_BYTES):
                     raise RepairError(f"answer of {len(raw)} bytes for one entry of {rec.size}")
                 check_fetched(raw, rec)
+            except GoneAtPeer as e:
+                self.metrics["fetch_failed"] += 1
+                gone += 1
+                log.info("repair of entry %d from %s failed: %s", r.index, peer, e)
+                if gone == len(peers):
+                    self._every_copy_gone(r)
+                continue
             except (RepairError, ConnectionError) as e:
                 self.metrics["fetch_failed"] += 1
                 log.warning("repair of entry %d from %s failed: %s", r.index, peer, e)
@@ -385,6 +411,16 @@ class Repairer:
             return True
         return False
 
+    def _every_copy_gone(self, r: CorruptRange) -> None:
+        """Every peer has cut the entry: asked again only every GONE_RETRY_S, with one ERROR."""
+        if r.index not in self._gone:
+            self.metrics["gone_everywhere"] += 1
+            log.error("entry %d at %d in %s is damaged and every peer has cut it (retention): no copy is "
+                      "left to repair it from. It stays reported and refused to readers until this "
+                      "node's retention deletes its file; the peers are asked again every %.0f s",
+                      r.index, r.start, r.path, GONE_RETRY_S)
+        self._gone[r.index] = time.monotonic() + GONE_RETRY_S
+
     async def fetch(self, peer: str, index: int, count: int = 1) -> bytes:
         """Raw entries index.. from `peer` over the Raft channel; RepairError on a refusal or timeout."""
         self._next_request_id += 1
@@ -402,5 +438,5 @@ class Repairer:
         finally:
             self._waiting.pop(rid, None)
         if resp.error:
-            raise RepairError(f"peer refused: {resp.error}")
+            raise (GoneAtPeer if GONE_HERE in resp.error else RepairError)(f"peer refused: {resp.error}")
         return resp.entries

@@ -317,6 +317,7 @@ def test_regression_a_corrupt_entry_no_peer_keeps_goes_with_its_file_and_blocks_
             assert fl.node.core.campaign_blocked
             await wait_for(lambda: fl.repairer.failures >= 2, timeout=15)    # every peer refuses: cut past it
             assert len(fl.corruption) == 1
+            assert fl.repairer.metrics["gone_everywhere"] == 1            # their answers say so: asked rarely now
             await send(brokers[lead], "T", 300, "b")      # files folded while the damage is known
             await settled(brokers, IDS)
             before = data_files(brokers[f])

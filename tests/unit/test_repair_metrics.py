@@ -72,3 +72,42 @@ def test_repair_counters_follow_the_repairer(tmp_path, monkeypatch):
         finally:
             await h.broker.stop()
     asyncio.run(go())
+
+
+def test_an_entry_every_peer_has_cut_is_asked_for_again_only_after_a_long_pause(caplog):
+    """Damage in an entry whose file every peer's retention has deleted: no copy is left. The
+    repair asked every peer every second, forever, with a warning each time. Now one ERROR says
+    so, and the peers are asked again only every GONE_RETRY_S; a refusal for another reason
+    is retried at the usual pace."""
+    from node.store.scrub import CorruptionRegistry
+
+    async def go():
+        registry = CorruptionRegistry()
+        rec = SimpleNamespace(index=5, size=100, pos=1000)
+        gate = asyncio.Lock()
+        dlog = SimpleNamespace(store=SimpleNamespace(entry_at=lambda i: rec), _leader_id="n1",
+                               on_repaired=lambda r, rec, raw, how: None,
+                               node=SimpleNamespace(flushes_held=lambda: gate))
+        repairer = R.Repairer(dlog, registry, ["n1", "n2"], retry_s=0.02)
+        asked = []
+
+        async def gone(peer, index, count=1):
+            asked.append((peer, index))
+            if index == 5:
+                raise R.GoneAtPeer(f"peer refused: {R.GONE_HERE} entry 5 is below this replica's first entry 40")
+            raise R.RepairError("peer refused: busy")
+        repairer.fetch = gone
+        registry.report(CorruptRange("seg", 1000, 1100, 1, 2, "recovery", "entry body crc mismatch", 5))
+        task = asyncio.create_task(repairer.run())
+        await asyncio.sleep(0.3)
+        assert sorted(asked) == [("n1", 5), ("n2", 5)], "asked once, not every retry_s"
+        assert repairer.metrics["gone_everywhere"] == 1 and len(registry) == 1
+        registry.report(CorruptRange("seg", 5000, 5100, 1, 2, "scrub", "entry body crc mismatch", 9))
+        repairer.wake()
+        await asyncio.sleep(0.3)
+        assert sum(1 for _, i in asked if i == 9) >= 8, "another refusal is retried at retry_s"
+        assert sum(1 for _, i in asked if i == 5) == 2
+        task.cancel()
+    with caplog.at_level("INFO", logger="dledger.repair"):
+        asyncio.run(go())
+    assert sum("every peer has cut it" in r.getMessage() for r in caplog.records if r.levelname == "ERROR") == 1
