@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import threading
 import time
 import weakref
@@ -114,8 +115,17 @@ def names_must_wait(names: "DeferredDirSync", directory: str) -> None:
     A random-fault run's event loop stalled 791 ms in such an fsync."""
     if _mode.nowait and names.must_sync_first():
         e = DiskWait(f"{directory}: its file names are not durable yet; fsync it off the loop first")
-        e.fetch = names.sync
+        e.fetch = functools.partial(_sync_names, names)
         raise e
+
+
+def _sync_names(names: "DeferredDirSync") -> None:
+    """names.sync(), for a worker. A directory gone meanwhile (its topic deleted while this
+    waited: the queue's directory renamed aside) has nothing left to make durable."""
+    try:
+        names.sync()
+    except FileNotFoundError:
+        pass
 
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
