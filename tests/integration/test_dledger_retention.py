@@ -193,6 +193,32 @@ def test_retention_cuts_every_replica_and_a_reset_follower_continues_the_queues(
     asyncio.run(main())
 
 
+async def left_below_the_base(brokers: dict, lead: str) -> tuple[str, str, int]:
+    """A follower stopped while the others write 600 more messages and cut their logs past
+    where it stopped: (that follower, the other one, its last index)."""
+    down = next(n for n in IDS if n != lead)
+    other = next(n for n in IDS if n not in (lead, down))
+    await brokers[lead].create_topic("T", 2)
+    await send(brokers[lead], "T", 200, "a")
+    await settled(brokers, IDS)
+    await brokers[down].stop()
+    behind = brokers[down].log.store.last_index()
+    await send(brokers[lead], "T", 600, "b")
+    await settled(brokers, (lead, other))
+    for n in (lead, other):
+        await cut(brokers[n])
+    assert brokers[lead].log.store.first_index() > behind + 1
+    return down, other, behind
+
+
+async def same_tail(b, leader) -> None:
+    """`b` serves the last 3 messages of each queue of T as `leader` does (after 402 sent)."""
+    for q in (0, 1):
+        got = await b.pull("T", q, 398, 10)
+        want = await leader.pull("T", q, 398, 10)
+        assert [m.body for m in got.messages] == [m.body for m in want.messages] and len(got.messages) == 3
+
+
 class NoRoomForABase(FileSystem):
     """A disk with no room for a base's state file while `full` (every other write fits);
     removals on a reaper thread, as a node's real file system."""
@@ -218,18 +244,7 @@ def test_regression_a_reset_on_a_full_disk_waits_for_room_and_then_completes(tmp
     async def main():
         cfg, brokers, lead = await started_group(tmp_path)
         try:
-            down = next(n for n in IDS if n != lead)
-            other = next(n for n in IDS if n not in (lead, down))
-            await brokers[lead].create_topic("T", 2)
-            await send(brokers[lead], "T", 200, "a")
-            await settled(brokers, IDS)
-            await brokers[down].stop()
-            behind = brokers[down].log.store.last_index()
-            await send(brokers[lead], "T", 600, "b")
-            await settled(brokers, (lead, other))
-            for n in (lead, other):
-                await cut(brokers[n])
-            assert brokers[lead].log.store.first_index() > behind + 1
+            down, other, behind = await left_below_the_base(brokers, lead)
 
             fs = NoRoomForABase()
             d = brokers[down] = build_broker(cfg[down], fs=fs)
@@ -245,10 +260,7 @@ def test_regression_a_reset_on_a_full_disk_waits_for_room_and_then_completes(tmp
             await settled(brokers, IDS)
             assert d.log.store.first_index() > behind + 1 and d.log.node.status()["stalled_on_disk"] is None
             assert "the reset written after" in caplog.text
-            for q in (0, 1):
-                got = await d.pull("T", q, 398, 10)
-                want = await brokers[lead].pull("T", q, 398, 10)
-                assert [m.body for m in got.messages] == [m.body for m in want.messages] and len(got.messages) == 3
+            await same_tail(d, brokers[lead])
         finally:
             await stop_all(brokers)
 
@@ -275,17 +287,8 @@ def test_a_follower_back_under_a_new_term_on_a_full_disk_waits_for_room_for_its_
     async def main():
         cfg, brokers, lead = await started_group(tmp_path)
         try:
-            down = next(n for n in IDS if n != lead)
-            other = next(n for n in IDS if n not in (lead, down))
-            await brokers[lead].create_topic("T", 2)
-            await send(brokers[lead], "T", 200, "a")
-            await settled(brokers, IDS)
-            await brokers[down].stop()
-            behind, old_term = brokers[down].log.store.last_index(), brokers[down].log.store.meta.term
-            await send(brokers[lead], "T", 600, "b")
-            await settled(brokers, (lead, other))
-            for n in (lead, other):
-                await cut(brokers[n])
+            down, other, behind = await left_below_the_base(brokers, lead)
+            old_term = brokers[down].log.store.meta.term
             brokers[lead].log.node.transfer_leadership(other)
             assert await leader_of(brokers, among=[other]) == other
             term = brokers[other].log.node.core.term
@@ -308,10 +311,7 @@ def test_a_follower_back_under_a_new_term_on_a_full_disk_waits_for_room_for_its_
             await settled(brokers, IDS)
             assert d.log.store.meta.term == brokers[other].log.store.meta.term
             assert d.log.store.first_index() > behind + 1 and d.log.node.status()["stalled_on_disk"] is None
-            for q in (0, 1):
-                got = await d.pull("T", q, 398, 10)
-                want = await brokers[other].pull("T", q, 398, 10)
-                assert [m.body for m in got.messages] == [m.body for m in want.messages] and len(got.messages) == 3
+            await same_tail(d, brokers[other])
         finally:
             await stop_all(brokers)
 
