@@ -362,6 +362,11 @@ def _version_key(version: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in version.split("."))
 
 
+def _first_said(members: list[dict] | None, key: str) -> str:
+    """What the first member whose heartbeat gives `key` says of it ("" if none does)."""
+    return next((m[key] for m in members or () if m.get(key)), "")
+
+
 def consumer_groups_table(progress: list[dict]) -> str:
     """mqadmin consumerProgress without -g: one row per group. #Count is the live members (None:
     the node could not say, shown N/A); a group without members is OFFLINE, as in mqadmin.
@@ -375,10 +380,8 @@ def consumer_groups_table(progress: list[dict]) -> str:
         versions = [m["version"] for m in members or () if m.get("version")]
         version = "N/A" if members is None else ("OFFLINE" if not members else
                                                  min(versions, key=_version_key) if versions else "N/A")
-        said = [m.get("consume_type") for m in members or () if m.get("consume_type")]
-        kind = {"CONSUME_PASSIVELY": "PUSH", "CONSUME_ACTIVELY": "PULL"}.get(said[0], "") if said else ""
-        models = [m.get("message_model") for m in members or () if m.get("message_model")]
-        model = models[0] if models else ("CLUSTERING" if members else "")
+        kind = {"CONSUME_PASSIVELY": "PUSH", "CONSUME_ACTIVELY": "PULL"}.get(_first_said(members, "consume_type"), "")
+        model = _first_said(members, "message_model") or ("CLUSTERING" if members else "")
         out.append("%-64s  %-6s  %-24s %-5s  %-14s  %-7d  %d" % (p["group"][:64], count, version, kind, model,
                                                                   int(p.get("consume_tps", 0)), p["diff_total"]))
     return "\n".join(out) + "\n"
@@ -610,8 +613,7 @@ def consumer_connection_text(group: str, members: list[dict]) -> str:
             subs.setdefault(topic, (m.get("subscriptions") or {}).get(topic, "*"))
     out += ["", "Below is subscription:", "%-20s %s" % ("#Topic", "#SubExpression")]
     out += ["%-20s %s" % (t, subs[t]) for t in sorted(subs)]
-    said = {k: next((m[k] for m in members if m.get(k)), "-")
-            for k in ("consume_type", "message_model", "consume_from_where")}
+    said = {k: _first_said(members, k) or "-" for k in ("consume_type", "message_model", "consume_from_where")}
     out += ["", f"ConsumeType: {said['consume_type']}", f"MessageModel: {said['message_model']}",
             f"ConsumeFromWhere: {said['consume_from_where']}"]
     return "\n".join(out) + "\n"

@@ -39,16 +39,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import functools
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 from node.histogram import LatencyHistogram
-
-if TYPE_CHECKING:
-    from node.store.fileio import DeferredDirSync
 
 T = TypeVar("T")
 
@@ -105,27 +101,6 @@ class no_disk_waits:
 
     def __exit__(self, *exc: object) -> None:
         _mode.nowait = self._before
-
-
-def names_must_wait(names: "DeferredDirSync", directory: str) -> None:
-    """Before a new file in `directory`: where writes must not wait either (the dispatch on
-    the loop), raise DiskWait if the file would fsync the directory at once (a second new file
-    where no name is durable yet: a new queue, or any queue after a reset). Its `fetch` makes
-    the names there durable on a worker; the write is then tried again and defers its name.
-    A random-fault run's event loop stalled 791 ms in such an fsync."""
-    if _mode.nowait and names.must_sync_first():
-        e = DiskWait(f"{directory}: its file names are not durable yet; fsync it off the loop first")
-        e.fetch = functools.partial(_sync_names, names)
-        raise e
-
-
-def _sync_names(names: "DeferredDirSync") -> None:
-    """names.sync(), for a worker. A directory gone meanwhile (its topic deleted while this
-    waited: the queue's directory renamed aside) has nothing left to make durable."""
-    try:
-        names.sync()
-    except FileNotFoundError:
-        pass
 
 
 _executor: concurrent.futures.ThreadPoolExecutor | None = None

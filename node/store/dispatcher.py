@@ -481,7 +481,7 @@ class Dispatcher:
             return self._dispatch_scanned(position, spans, next_position, may_wait=False)
         except DiskWait as e:
             # A queue's or the index's new file would fsync its directory here, on the loop
-            # (cold_reads.names_must_wait): a worker does that first, and the batch is
+            # (DeferredDirSync.off_loop_first): a worker does that first, and the batch is
             # dispatched again from `position`, as after a full disk (_disk_full).
             assert e.fetch is not None, e
             await fill(e.fetch)

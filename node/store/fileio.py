@@ -21,6 +21,8 @@ import shutil
 import threading
 from typing import TYPE_CHECKING, Protocol
 
+from node.store import cold_reads
+
 if TYPE_CHECKING:
     from node.store.reaper import FileReaper
 
@@ -135,8 +137,8 @@ class DeferredDirSync:
     second new file fsyncs the directory at once: a crash could otherwise keep a later file
     with no earlier one to show the gap, and the later file would be taken for the start.
     `sync()` may run on a flush thread. Where writes must not wait (the dispatch on the event
-    loop, within `cold_reads.no_disk_waits`), an owner asks `must_sync_first()` before such a
-    second file and has a worker run `sync()` first (`cold_reads.names_must_wait`)."""
+    loop, within `cold_reads.no_disk_waits`), an owner calls `off_loop_first()` before each new
+    file: such a second file then has a worker make the names durable first."""
 
     def __init__(self, fs: "FileSystem", directory: str, existing: bool = False):
         self.fs, self.directory = fs, directory
@@ -153,10 +155,28 @@ class DeferredDirSync:
                 return
         self._fsync(anchored=True)
 
-    def must_sync_first(self) -> bool:
-        """Whether a new file created now would fsync the directory at once."""
+    def off_loop_first(self) -> None:
+        """Before a new file here: where writes must not wait (the dispatch on the loop), raise
+        DiskWait if the file would fsync the directory at once (a second new file where no
+        name is durable yet: a new queue, any queue after a reset, a new index directory). Its
+        `fetch` makes the names durable on a worker; the write is then tried again and defers
+        its name. A random-fault run's event loop stalled 791 ms in such an fsync."""
+        if not cold_reads.must_not_wait():
+            return
         with self._lock:
-            return not self._anchored and self._pending >= 1
+            if self._anchored or not self._pending:
+                return
+        e = cold_reads.DiskWait(f"{self.directory}: its file names are not durable yet; fsync it off the loop first")
+        e.fetch = self._sync_if_there
+        raise e
+
+    def _sync_if_there(self) -> None:
+        """sync(), for a worker. A directory gone meanwhile (its topic deleted while this
+        waited: the queue's directory renamed aside) has nothing left to make durable."""
+        try:
+            self.sync()
+        except FileNotFoundError:
+            pass
 
     def restarted(self) -> None:
         """The owner removed its files and created one: that name waits, none durable before it

@@ -32,7 +32,6 @@ import sys
 import threading
 from array import array
 
-from node.store import cold_reads
 from node.store import layout as L
 from node.store.errors import StoreFatal, is_enospc
 from node.store.fileio import DeferredDirSync, FileHandle, FileSystem
@@ -454,7 +453,7 @@ class IndexService:
         last = self.files[-1] if self.files else None
         if last is not None and last.writable and not last.is_full:
             return last
-        cold_reads.names_must_wait(self._names, self.directory)    # before anything changes
+        self._names.off_loop_first()    # before anything changes
         if last is not None and last.writable and last.seal():
             # Its fsync goes with the next flush, on the flush thread, as RocketMQ's IndexService
             # flushes a full file on a thread of its own: made here, on the event loop, it

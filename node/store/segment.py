@@ -239,9 +239,9 @@ class SegmentedFile:
         """A new last segment. Its directory entry is fsynced here, or, for an append
         (`dir_sync_deferred`), by the next flush() (DeferredDirSync). Where writes must not
         wait, an append whose new file would fsync the directory at once raises DiskWait
-        first, before it creates anything (cold_reads.names_must_wait)."""
+        first, before it creates anything (DeferredDirSync.off_loop_first)."""
         if dir_sync_deferred:
-            cold_reads.names_must_wait(self._names, self.directory)
+            self._names.off_loop_first()
         self.fs.makedirs(self.directory)
         path = os.path.join(self.directory, segment_name(base))
         handle = self.fs.open(path)

@@ -571,7 +571,7 @@ def cli(argv: list[str] | None, prog: str, doc: str, prefix: str, run, nodes: tu
     if nodes:
         p.add_argument("--nodes", type=int, choices=nodes, default=nodes[0], help="group size")
     p.add_argument("--keep", default=None, help="keep each failing seed's stores and logs under this directory "
-                                                "(and the logs of a seed whose event loop stalled 500 ms or more)")
+                                                f"(and a seed's whose event loop stalled {KEEP_STALL_MS} ms or more)")
     args = p.parse_args(argv)
     # SIGTERM ends the run through the finally blocks: processes killed, small disks unmounted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -442,7 +442,7 @@ def test_cold_read_hot_bytes_is_a_broker_conf_key_with_a_floor(tmp_path, monkeyp
 
 def test_regression_a_names_fetch_for_a_directory_deleted_meanwhile_does_nothing(tmp_path):
     """The dispatch has a worker fsync a queue's directory before its second new file
-    (`cold_reads.names_must_wait`). A topic deleted while that waits has its queue's directory
+    (`DeferredDirSync.off_loop_first`). A topic deleted while that waits has its queue's directory
     renamed aside: the worker's fsync of the old path must not fail the dispatch."""
     from node.store import cold_reads
     from node.store.fileio import DeferredDirSync, FileSystem
@@ -451,7 +451,7 @@ def test_regression_a_names_fetch_for_a_directory_deleted_meanwhile_does_nothing
     names = DeferredDirSync(FileSystem(), str(d))
     names.created()                                   # a first file, its name not durable yet
     with cold_reads.no_disk_waits(), pytest.raises(cold_reads.DiskWait) as e:
-        cold_reads.names_must_wait(names, str(d))
+        names.off_loop_first()
     os.rename(d, tmp_path / ".deleted-q-0")
     e.value.fetch()
-    cold_reads.names_must_wait(names, str(d))         # outside the dispatch: never raises
+    names.off_loop_first()                            # outside the dispatch: never raises
